@@ -1,3 +1,622 @@
-"""sft.py: not implemented yet (see the issues)."""
+"""sft.py: the supervised cold start, tool-use SFT before RL.
+
+Paper: CLEANER starts GRPO from cold-start SFT checkpoints (Gen-Verse/Qwen3-4B-RA-SFT,
+Gen-Verse/Qwen2.5-7B-RA-SFT) trained on DemyAgent/Open-AgentRL's RA-SFT tool-use conversations,
+so that RL begins from a model that already calls the interpreter. This script is that step:
+cross-entropy on the assistant tokens only, over conversations of the shape
+    user (problem) -> assistant (reasoning + one call) -> tool output -> assistant (\\boxed{answer}).
+
+Data: `--data synth` (the default) generates warm-up conversations with data/synth.py: problems
+that are easier than the RL ones, so RL still meets failing tool calls for SAAR to clean. Any
+other value is a JSONL of chat conversations in the OpenAI messages format (for users with the
+RA-SFT data, converted): assistant messages may carry `tool_calls`, answered by `tool` messages.
+
+Layout. Every sequence is built token for token the way rollout.py builds a trajectory, so RL
+starts from a model that already produces the rollout's layout:
+    rollout.prompt_ids(...)                         the first user turn, templated once   mask 0
+    encode(assistant turn, cut at the call's end)   ends with "```\\n" or "</tool_call>"  mask 1
+    encode(rollout.tool_turn_text(output, ended=False))  <|im_end|>, user turn, assistant  mask 0
+    encode(final answer) + [eos]                    eos is <|im_end|>                     mask 1
+Departures from a plain chat-template SFT, all for that reason: a call turn is not closed with
+<|im_end|> by the model (the scaffolding does it); whatever followed the first call inside one
+assistant message is dropped (generation stops there); tool outputs are cut to 256 characters in
+the middle; a call is rendered in the chosen tool format whatever the data's tool was named, with
+the code from `arguments.code`. For generated data the tool output is the program's raw stdout,
+trailing newline included, which is exactly what the sandbox shows the model during RL.
+
+Training: AdamW, linear warmup then linear decay, packed micro-batches (grpo.pack), log-probs from
+grpo.token_logprobs (lm_head applied in chunks, only on loss tokens: never a (T, vocab) float32
+tensor), token-mean loss over each optimizer batch. The paper's SFT recipe (LLaMA-Factory style,
+several epochs on 3K conversations) is not reproduced; this is a CPU-sized warm-up.
+
+    python sft.py                                   # SmolLM2-135M on 128 generated conversations
+    python sft.py --data ra_sft.jsonl --model Qwen/Qwen3-4B-Instruct-2507 --tool_format hermes
+train.py calls `warm_start(model, tool_format=..., seed=...)`, which caches the result.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import random
+import re
+import shutil
+import sys
+import time
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+import grpo
+import rollout
+from data import synth
+from data.models import cache_dir, load_model, load_tokenizer
+
+
+@dataclass
+class Args:
+    # data
+    model: str = "smollm2-135m"
+    """model to fine-tune: an offline name (smollm2-135m, tiny-qwen3, tiny-bytes), a local folder or a hub id"""
+    data: str = "synth"
+    """'synth' for generated warm-up conversations, else a JSONL of OpenAI-format chat conversations"""
+    n_conversations: int = 128
+    """conversations to train on (synth: how many to generate; a file: its first N rows, 0 = all)"""
+    tool_format: str = "markdown"
+    """how calls are written, as in rollout.py: markdown (```python blocks) or hermes (<tool_call> JSON)"""
+    tool_output_chars: int = 256
+    """tool outputs are cut to this many characters (middle cut), as the rollout does"""
+    max_len: int = 2048
+    """conversations longer than this many tokens are dropped (and counted)"""
+    # optimisation
+    epochs: int = 1
+    """passes over the conversations"""
+    lr: float = 2e-4
+    """peak learning rate (AdamW), reached after the warmup, then decayed linearly to 0"""
+    batch_size: int = 8
+    """conversations per optimizer step"""
+    micro_tokens: int = 2048
+    """tokens per packed forward/backward (a memory knob: it does not change the gradient)"""
+    warmup_steps: int = 2
+    """optimizer steps of linear LR warmup"""
+    weight_decay: float = 0.0
+    """AdamW weight decay"""
+    grad_clip: float = 1.0
+    """max gradient norm (0 = off)"""
+    train_layers: int = 12
+    """train only the top N decoder layers and the final norm (0 = all); the rest gets no backward pass"""
+    seed: int = 0
+    """seed for the generated data, the shuffling and the evaluation samples"""
+    # evaluation
+    eval_n: int = 32
+    """held-out warm-up problems sampled (T=1) after training, and before it for the base model; 0 = skip"""
+    eval_base: bool = True
+    """also evaluate the base model before training"""
+    # system
+    out: str = "runs/sft"
+    """folder for the step log (log.jsonl) and summary.json; '' = no files"""
+    save: str = ""
+    """where the fine-tuned model (HF folder) goes; '' = <out>/model"""
+    threads: int = 0
+    """torch CPU threads (0 = torch's default)"""
+
+
+SFT_VERSION = 1           # bump when the recipe or its defaults change, so cached warm starts are rebuilt
+MARKER = "cleaner_sft.json"
+EVAL_SEED_OFFSET = 10_000  # eval problems come from another seed's stream than the training ones
+TOOL_FORMATS = ("markdown", "hermes")
+
+
+# --------------------------------------------------------------------------- command line
+
+def _field_docs(cls) -> dict[str, str]:
+    """The string literal under each dataclass field: its help text."""
+    import ast
+    import inspect
+    import textwrap
+    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+    docs = {}
+    for a, b in zip(body, body[1:]):
+        if (isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant)
+                and isinstance(b.value.value, str)):
+            docs[a.target.id] = " ".join(b.value.value.split())
+    return docs
+
+
+def parse_args(cls, argv: list[str] | None = None):
+    """An argparse parser made from a dataclass's fields (types, defaults, docstrings); returns cls(...)."""
+    hints = typing.get_type_hints(cls)
+    docs = _field_docs(cls)
+    doc = (sys.modules[cls.__module__].__doc__ or "").strip().splitlines()
+    p = argparse.ArgumentParser(description=doc[0] if doc else None,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    for f in dataclasses.fields(cls):
+        names = [f"--{f.name}"] + ([f"--{f.name.replace('_', '-')}"] if "_" in f.name else [])
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        t = hints[f.name]
+        if t is bool:
+            p.add_argument(*names, action=argparse.BooleanOptionalAction, default=default, help=docs.get(f.name))
+            continue
+        inner = [a for a in typing.get_args(t) if a is not type(None)]  # `int | None` parses as int
+        p.add_argument(*names, type=inner[0] if inner else t, default=default, help=docs.get(f.name, " "))
+    return cls(**vars(p.parse_args(argv)))
+
+
+# --------------------------------------------------------------------------- conversations -> tokens
+
+def _content(m: dict, where: str) -> str:
+    c = m.get("content")
+    if c is None:
+        return ""
+    if isinstance(c, list):  # OpenAI content parts
+        if not all(isinstance(x, dict) and isinstance(x.get("text", ""), str) for x in c):
+            raise ValueError(f"{where}: field 'content' is a list but not of {{type, text}} parts")
+        return "".join(x.get("text", "") for x in c)
+    if not isinstance(c, str):
+        raise ValueError(f"{where}: field 'content' must be a string, got {type(c).__name__}")
+    return c
+
+
+def _call_code(tool_calls, where: str) -> str:
+    if not isinstance(tool_calls, list) or not tool_calls:
+        raise ValueError(f"{where}: field 'tool_calls' must be a non-empty list")
+    if len(tool_calls) > 1:
+        raise ValueError(f"{where}: {len(tool_calls)} tool calls in one turn; the rollout runs one call per turn")
+    tc = tool_calls[0]
+    f = tc.get("function", tc) if isinstance(tc, dict) else None
+    args = f.get("arguments") if isinstance(f, dict) else None
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}: tool_calls[0].function.arguments is not valid JSON ({e.msg})") from None
+    code = args.get("code") if isinstance(args, dict) else None
+    if not isinstance(code, str) or not code.strip():
+        raise ValueError(f"{where}: tool_calls[0].function.arguments has no 'code' string")
+    return code
+
+
+def call_turn_text(message: dict, tool_format: str, where: str = "message") -> str:
+    """An assistant turn that calls the tool, as the model should write it: ending at the call's end marker.
+
+    A call in `tool_calls` is rendered in `tool_format` after the content; otherwise the content must
+    already hold one. Text after the first call is dropped: the rollout stops generating there.
+    """
+    text = _content(message, where)
+    if message.get("tool_calls"):
+        code = _call_code(message["tool_calls"], where)
+        if tool_format == "markdown":
+            call = "```python\n" + code + ("" if code.endswith("\n") else "\n") + "```\n"
+            text = (text.rstrip() + "\n\n" if text.strip() else "") + call
+        else:
+            payload = json.dumps({"name": rollout.TOOL_NAME, "arguments": {"code": code}}, ensure_ascii=False)
+            text = (text.rstrip() + "\n" if text.strip() else "") + f"<tool_call>\n{payload}\n</tool_call>"
+    start = rollout.find_call_start(text, tool_format)
+    if start is None:
+        raise ValueError(f"{where}: a tool result follows, but the turn holds no {tool_format} call")
+    if tool_format == "markdown":
+        close = text.find("```", text.index("\n", start) + 1)
+        if close < 0:
+            raise ValueError(f"{where}: the ```python block is never closed")
+        text, stop = text[:close] + "```\n", "```\n"  # the rollout's stop string is the closing fence + newline
+    else:
+        close = text.find("</tool_call>", start)
+        if close < 0:
+            raise ValueError(f"{where}: <tool_call> is never closed by </tool_call>")
+        text, stop = text[:close + len("</tool_call>")], "</tool_call>"
+    if text.find(stop) != len(text) - len(stop):
+        raise ValueError(f"{where}: {stop!r} occurs before the call ends; the rollout would stop generating there")
+    call = rollout.parse_call(text, tool_format)
+    if call.code is None:
+        raise ValueError(f"{where}: {call.error or 'no call'}")
+    return text
+
+
+def encode_conversation(tokenizer, messages: list[dict], *, tool_format: str, tool_output_chars: int = 256,
+                        where: str = "conversation") -> tuple[list[int], list[int]]:
+    """(input_ids, loss_mask) of one conversation, laid out token for token as rollout.py builds a trajectory.
+
+    Leading system messages and the first user message are templated once with the chat template
+    (as rollout.prompt_ids does: with the tool schema for hermes). Mask 1 on assistant tokens,
+    including the <|im_end|> that ends an answer; 0 on the prompt, tool outputs and scaffolding.
+    """
+    if tool_format not in TOOL_FORMATS:
+        raise ValueError(f"tool_format must be one of {TOOL_FORMATS}, got {tool_format!r}")
+    roles = [m.get("role") if isinstance(m, dict) else None for m in messages]
+    if "user" not in roles:
+        raise ValueError(f"{where}: no user message")
+    k = roles.index("user")
+    if any(r != "system" for r in roles[:k]):
+        raise ValueError(f"{where}: only system messages may come before the first user message")
+    if roles[-1] != "assistant":
+        raise ValueError(f"{where}: the last message must be the assistant's, got role {roles[-1]!r}")
+    head = [{"role": r, "content": _content(m, f"{where}, message {i}")} for i, (r, m) in
+            enumerate(zip(roles[:k + 1], messages[:k + 1]))]
+    ids = list(tokenizer.apply_chat_template(head, tools=[rollout.TOOL_SCHEMA] if tool_format == "hermes" else None,
+                                             add_generation_prompt=True, tokenize=True, return_dict=False))
+    mask = [0] * len(ids)
+
+    def add(text_or_ids, m: int):
+        t = tokenizer.encode(text_or_ids, add_special_tokens=False) if isinstance(text_or_ids, str) else text_or_ids
+        ids.extend(t)
+        mask.extend([m] * len(t))
+
+    i = k + 1
+    while i < len(messages):
+        at = f"{where}, message {i}"
+        if roles[i] != "assistant":
+            raise ValueError(f"{at}: expected an assistant message, got role {roles[i]!r}")
+        nxt = roles[i + 1] if i + 1 < len(roles) else None
+        if nxt == "tool":
+            add(call_turn_text(messages[i], tool_format, at), 1)
+            out = rollout.truncate_middle(_content(messages[i + 1], f"{where}, message {i + 1}"), tool_output_chars)
+            add(rollout.tool_turn_text(out, tool_format, ended=False), 0)
+            if i + 2 < len(roles) and roles[i + 2] == "tool":
+                raise ValueError(f"{where}, message {i + 2}: a second tool result for one turn; "
+                                 "the rollout runs one call per turn")
+            i += 2
+            continue
+        if messages[i].get("tool_calls"):
+            raise ValueError(f"{at}: the assistant calls a tool but no tool message follows")
+        add(tokenizer.encode(_content(messages[i], at), add_special_tokens=False) + [tokenizer.eos_token_id], 1)
+        if nxt == "user":  # not something the rollout produces; kept so plain multi-turn chats still load
+            user = _content(messages[i + 1], f"{where}, message {i + 1}")
+            add(f"\n<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n", 0)
+            i += 2
+        elif nxt is None:
+            i += 1
+        else:
+            raise ValueError(f"{where}, message {i + 1}: role {nxt!r} cannot follow an assistant answer")
+    return ids, mask
+
+
+def synth_conversations(n: int, seed: int, tool_format: str) -> list[dict]:
+    """Generated warm-up conversations with the rollout's user prompt and the tool output as RL shows it."""
+    convs = synth.make_sft_conversations(n, seed, tool_format=tool_format,
+                                         prompt_fn=lambda p: rollout.make_prompt(p, "math", tool_format))
+    for c in convs:
+        msgs = c["messages"]
+        code = rollout.parse_call(msgs[1]["content"], tool_format).code
+        # synth strips the trailing newline; the sandbox shows raw stdout, so RL sees "42\n"
+        msgs[2] = {"role": "tool", "content": synth.run_trusted(code)}
+    return convs
+
+
+def load_conversations(path: str, n: int = 0) -> list[tuple[str, list[dict]]]:
+    """Rows of a JSONL file: {"messages": [...]} (or a bare list of messages) -> (file:line, messages)."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"--data {path}: no such file (use 'synth' for generated conversations)")
+    rows = []
+    with p.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+            msgs = row.get("messages") if isinstance(row, dict) else row
+            if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
+                raise ValueError(f"{where}: field 'messages' must be a non-empty list of {{role, content}} objects")
+            rows.append((where, msgs))
+            if n and len(rows) >= n:
+                break
+    if not rows:
+        raise ValueError(f"{path}: no conversations")
+    return rows
+
+
+def build_dataset(tokenizer, *, data: str, n: int, tool_format: str, tool_output_chars: int, max_len: int,
+                  seed: int) -> list[tuple[list[int], list[int]]]:
+    """Tokenized (ids, mask) pairs; conversations the rollout cannot represent are skipped, with reasons."""
+    if data == "synth":
+        rows = [(c["id"], c["messages"]) for c in synth_conversations(n, seed, tool_format)]
+    else:
+        rows = load_conversations(data, n)
+    seqs, problems, too_long = [], [], 0
+    for where, msgs in rows:
+        try:
+            ids, mask = encode_conversation(tokenizer, msgs, tool_format=tool_format,
+                                            tool_output_chars=tool_output_chars, where=where)
+        except ValueError as e:
+            if data == "synth":
+                raise  # our own data must always convert
+            problems.append(str(e))
+            continue
+        if len(ids) > max_len:
+            too_long += 1
+            continue
+        seqs.append((ids, mask))
+    if problems:
+        print(f"[sft] skipped {len(problems)} of {len(rows)} conversations the rollout cannot represent, e.g.:",
+              *problems[:3], sep="\n  ", file=sys.stderr)
+    if too_long:
+        print(f"[sft] dropped {too_long} conversations longer than max_len={max_len} tokens", file=sys.stderr)
+    if not seqs:
+        raise ValueError(f"--data {data}: no usable conversations")
+    return seqs
+
+
+# --------------------------------------------------------------------------- training
+
+def _micro_batch(seqs, idx: list[int]):
+    """Pack conversations into one row: position_ids restart at 0 for each, attention_mask None."""
+    ids = torch.tensor([t for i in idx for t in seqs[i][0]])[None]  # (1, T)
+    mask = torch.tensor([m for i in idx for m in seqs[i][1]])[None]  # (1, T)
+    pos = torch.cat([torch.arange(len(seqs[i][0])) for i in idx])[None]  # (1, T)
+    return ids, pos, mask
+
+
+def masked_nll(model, seqs, idx: list[int], *, micro_tokens: int, normaliser: float, backward: bool) -> float:
+    """Sum over the conversations idx of -log p(loss tokens) / normaliser; backpropagates micro-batch by micro-batch."""
+    total = 0.0
+    for bin_ in grpo.pack([len(seqs[i][0]) for i in idx], micro_tokens):
+        ids, pos, mask = _micro_batch(seqs, [idx[j] for j in bin_])
+        logp = grpo.token_logprobs(model, ids, pos, mask=mask)  # (1, T), 0 off the mask
+        loss = -(logp * mask).sum() / normaliser
+        if backward:
+            loss.backward()
+        total += loss.item()
+    return total
+
+
+def freeze_below(model, train_layers: int) -> None:
+    """requires_grad only on the top train_layers decoder layers and the final norm (0 = everything)."""
+    for p in model.parameters():
+        p.requires_grad_(train_layers <= 0)
+    if train_layers <= 0:
+        return
+    decoder = model.get_decoder()
+    if not hasattr(decoder, "layers") or not hasattr(decoder, "norm"):
+        raise ValueError(f"train_layers={train_layers}: {type(model).__name__} has no decoder .layers/.norm; "
+                         "use train_layers=0")
+    for layer in decoder.layers[-train_layers:]:
+        layer.requires_grad_(True)
+    decoder.norm.requires_grad_(True)
+
+
+def train(model, seqs: list[tuple[list[int], list[int]]], *, epochs: int, lr: float, batch_size: int,
+          micro_tokens: int, warmup_steps: int, weight_decay: float, grad_clip: float, seed: int,
+          train_layers: int = 0, log=None) -> list[dict]:
+    """AdamW on the masked token-mean NLL; returns one dict per optimizer step."""
+    from tqdm import tqdm
+    model.train()
+    freeze_below(model, train_layers)
+    rng = random.Random(seed)
+    batches = []
+    for _ in range(epochs):
+        order = list(range(len(seqs)))
+        rng.shuffle(order)
+        batches += [order[s:s + batch_size] for s in range(0, len(order), batch_size)]
+    total = len(batches)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
+    # warmup to lr, then linear decay to 0 at the last step: short runs end gently
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min((s + 1) / max(1, warmup_steps),
+                                                                 (total - s) / max(1, total - warmup_steps)))
+    per_epoch = math.ceil(len(seqs) / batch_size)
+    stats, t0 = [], time.time()
+    bar = tqdm(total=total, desc="sft", leave=False, disable=None)
+    for step, idx in enumerate(batches):
+        t = time.time()
+        n_loss = sum(sum(seqs[i][1]) for i in idx)
+        n_tok = sum(len(seqs[i][0]) for i in idx)
+        loss = masked_nll(model, seqs, idx, micro_tokens=micro_tokens, normaliser=max(n_loss, 1), backward=True)
+        if not math.isfinite(loss):
+            raise grpo.NonFiniteLossError(f"sft step {step}: loss is {loss}")
+        norm = torch.nn.utils.clip_grad_norm_(opt.param_groups[0]["params"], grad_clip if grad_clip > 0 else float("inf"))
+        cur_lr = opt.param_groups[0]["lr"]
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        dt = time.time() - t
+        s = dict(step=step + 1, epoch=step // per_epoch + 1, loss=loss, grad_norm=float(norm), lr=cur_lr,
+                 tokens=n_tok, loss_tokens=n_loss, tok_per_s=n_tok / dt, elapsed_s=time.time() - t0)
+        stats.append(s)
+        bar.update(1)
+        bar.write(f"[sft] step {s['step']}/{total} epoch {s['epoch']} loss {loss:.4f} grad {s['grad_norm']:.2f} "
+                  f"lr {cur_lr:.2e} {s['tok_per_s']:.0f} tok/s {s['elapsed_s']:.0f}s", file=sys.stderr)
+        if log is not None:
+            log(s)
+    bar.close()
+    freeze_below(model, 0)
+    model.eval()
+    return stats
+
+
+def save_model(model, tokenizer, path: str | os.PathLike, meta: dict) -> str:
+    """save_pretrained into a temp folder (with a marker file), then rename it into place."""
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / MARKER).write_text(json.dumps(meta, indent=1))
+    old = None
+    if final.exists():
+        old = final.parent / f".{final.name}.old-{os.getpid()}"
+        os.replace(final, old)
+    os.replace(tmp, final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return str(final)
+
+
+# --------------------------------------------------------------------------- evaluation
+
+def _last_line(s: str) -> str:
+    lines = [ln.strip() for ln in s.strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
+
+
+def evaluate(model, tokenizer, *, tool_format: str, n: int, seed: int, max_turn_tokens: int = 384) -> dict:
+    """Sample held-out warm-up problems at T=1: does the model write a call, and does the code print the answer?
+
+    With the sandbox, each problem is a full rollout (rollout.rollout_batch): `blocks` counts first calls
+    that parse, `right` those whose output ends with the answer, `final` trajectories whose last \\boxed{}
+    is correct. Without it, only the first turn is sampled and only `blocks` is counted.
+    """
+    from engine import HFEngine, SamplingParams
+    problems = synth.make_problems(n, seed + EVAL_SEED_OFFSET, difficulty="warmup")
+    prompts = [rollout.prompt_ids(tokenizer, p.problem, "math", tool_format) for p in problems]
+    seeds = [seed * 1000 + i for i in range(n)]
+    try:
+        from sandbox import Sandbox
+        sb = Sandbox(slots=2, timeout_s=4.0)
+    except Exception as e:  # noqa: BLE001 - any failure just means no execution
+        print(f"[sft] eval: no sandbox ({type(e).__name__}: {e}); counting python blocks only", file=sys.stderr)
+        sb = None
+    engine = HFEngine(model, tokenizer, max_batch=max(1, min(n, 32)))
+    t0 = time.time()
+    try:
+        if sb is not None:
+            trajs = asyncio.run(rollout.rollout_batch(
+                engine, sb, tokenizer, prompts, seeds=seeds, tool_format=tool_format, max_turns=3,
+                max_response_tokens=3 * max_turn_tokens, max_turn_tokens=max_turn_tokens, max_tool_calls=2,
+                temperature=1.0, top_p=1.0))
+            texts = [t.text for t in trajs]
+            firsts = [t.turns[0] if t.turns else None for t in trajs]
+        else:
+            stop_ids, stop = rollout.stop_conditions(tokenizer, tool_format)
+
+            async def first_turns():
+                return await asyncio.gather(*[engine.generate(p, SamplingParams(
+                    temperature=1.0, top_p=1.0, max_new_tokens=max_turn_tokens, stop_token_ids=stop_ids, stop=stop,
+                    seed=s)) for p, s in zip(prompts, seeds)])
+            texts = [tokenizer.decode(o.token_ids, skip_special_tokens=False) for o in asyncio.run(first_turns())]
+            firsts = None
+    finally:
+        engine.shutdown()
+        if sb is not None:
+            sb.close()
+    out = dict(n=n, seconds=round(time.time() - t0, 1), sample=texts[0] if texts else "")
+    if firsts is None:
+        out["blocks"] = sum(rollout.parse_call(t, tool_format).code is not None for t in texts)
+        return out
+    from reward import grade_math
+    out["blocks"] = sum(f is not None and f["error_kind"] != "malformed" for f in firsts)
+    out["right"] = sum(f is not None and f["ok"] and _last_line(f["output"]) == p.answer
+                       for f, p in zip(firsts, problems))
+    out["final"] = sum(grade_math(t, p.answer) for t, p in zip(texts, problems))
+    return out
+
+
+def describe(r: dict) -> str:
+    s = f"python block {r['blocks']}/{r['n']}"
+    if "right" in r:
+        s += f", block prints the answer {r['right']}/{r['n']}, final \\boxed right {r['final']}/{r['n']}"
+    return s + f" ({r['seconds']:.0f} s)"
+
+
+# --------------------------------------------------------------------------- the run
+
+def run(args: Args) -> dict:
+    """Load, tokenize, (evaluate the base), train, save, evaluate. Returns a summary dict."""
+    if args.tool_format not in TOOL_FORMATS:
+        raise ValueError(f"--tool_format must be one of {TOOL_FORMATS}, got {args.tool_format!r}")
+    save = args.save or (str(Path(args.out) / "model") if args.out else "")
+    if not save:
+        raise ValueError("nowhere to save the model: give --save or --out")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    t_start = time.time()
+    tok = load_tokenizer(args.model)
+    seqs = build_dataset(tok, data=args.data, n=args.n_conversations, tool_format=args.tool_format,
+                         tool_output_chars=args.tool_output_chars, max_len=args.max_len, seed=args.seed)
+    n_tok, n_loss = sum(len(s[0]) for s in seqs), sum(sum(s[1]) for s in seqs)
+    print(f"[sft] {len(seqs)} conversations, {n_tok} tokens ({n_loss} in the loss, longest "
+          f"{max(len(s[0]) for s in seqs)}), model {args.model}, tool format {args.tool_format}", file=sys.stderr)
+    model = load_model(args.model)
+    summary = dict(args=dataclasses.asdict(args), conversations=len(seqs), tokens=n_tok, loss_tokens=n_loss)
+    if args.eval_n and args.eval_base:
+        summary["eval_base"] = evaluate(model, tok, tool_format=args.tool_format, n=args.eval_n, seed=args.seed)
+        print(f"[sft] base model: {describe(summary['eval_base'])}", file=sys.stderr)
+    logf = None
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        logf = open(Path(args.out) / "log.jsonl", "w")
+    try:
+        t0 = time.time()
+        stats = train(model, seqs, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
+                      micro_tokens=max(args.micro_tokens, max(len(s[0]) for s in seqs)),
+                      warmup_steps=args.warmup_steps, weight_decay=args.weight_decay, grad_clip=args.grad_clip,
+                      seed=args.seed, train_layers=args.train_layers, log=(lambda s: print(json.dumps(s), file=logf, flush=True)) if logf else None)
+        summary["train_s"] = round(time.time() - t0, 1)
+    finally:
+        if logf:
+            logf.close()
+    summary["first_loss"], summary["last_loss"] = stats[0]["loss"], stats[-1]["loss"]
+    meta = dict(version=SFT_VERSION, base_model=args.model, tool_format=args.tool_format, seed=args.seed,
+                conversations=len(seqs), data=args.data, train_s=summary["train_s"],
+                first_loss=summary["first_loss"], last_loss=summary["last_loss"], created=time.time(), pid=os.getpid(),
+                args=dataclasses.asdict(args))
+    summary["saved"] = save_model(model, tok, save, meta)
+    print(f"[sft] trained {len(stats)} steps in {summary['train_s']:.0f} s (loss {summary['first_loss']:.3f} -> "
+          f"{summary['last_loss']:.3f}); saved {summary['saved']}", file=sys.stderr)
+    if args.eval_n:
+        summary["eval_sft"] = evaluate(model, tok, tool_format=args.tool_format, n=args.eval_n, seed=args.seed)
+        if "eval_base" in summary:
+            print(f"[sft] base model: {describe(summary['eval_base'])}", file=sys.stderr)
+        print(f"[sft] after SFT:  {describe(summary['eval_sft'])}", file=sys.stderr)
+        print(f"[sft] a sample after SFT:\n{summary['eval_sft']['sample'][:1200]}", file=sys.stderr)
+    summary["total_s"] = round(time.time() - t_start, 1)
+    if args.out:
+        (Path(args.out) / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+# --------------------------------------------------------------------------- cached warm start (train.py)
+
+def _is_complete(folder: Path) -> bool:
+    try:
+        meta = json.loads((folder / MARKER).read_text())
+        json.loads((folder / "config.json").read_text())
+        return meta.get("version") == SFT_VERSION and (folder / "model.safetensors").exists()
+    except (OSError, ValueError):
+        return False
+
+
+def warm_start(model_name: str, *, tool_format: str = "markdown", seed: int = 0, n: int = 128,
+               cache: str | os.PathLike | None = None, **overrides) -> str:
+    """Path of a model fine-tuned by this script for (model, tool_format, seed, n, recipe version),
+    trained once on generated warm-up conversations and cached under <cache_dir>/sft/<key>.
+
+    overrides are other Args fields (e.g. epochs=1); they are part of the cache key. No evaluation
+    runs here. Two processes racing on one key both train; the first rename wins.
+    """
+    unknown = set(overrides) - {f.name for f in dataclasses.fields(Args)}
+    if unknown:
+        raise TypeError(f"warm_start: unknown Args fields {sorted(unknown)}")
+    p = Path(model_name).expanduser()
+    ident = dict(model=str(p.resolve()) if p.exists() else model_name, tool_format=tool_format, seed=seed, n=n,
+                 version=SFT_VERSION, overrides=overrides)
+    digest = hashlib.sha1(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", p.name or model_name)[-40:]
+    final = Path(cache) if cache is not None else cache_dir() / "sft"
+    final = final / f"{slug}-{tool_format}-s{seed}-n{n}-v{SFT_VERSION}-{digest}"
+    if _is_complete(final):
+        print(f"[sft] warm start: using cached {final}", file=sys.stderr)
+        return str(final)
+    if final.exists():
+        print(f"[sft] warm start: {final} is incomplete or stale; retraining", file=sys.stderr)
+        shutil.rmtree(final, ignore_errors=True)
+    print(f"[sft] warm start: no cached model for {model_name} ({tool_format}, seed {seed}, n {n}); "
+          f"fine-tuning once into {final}", file=sys.stderr)
+    kw = dict(eval_n=0, out="") | overrides
+    run(Args(model=model_name, tool_format=tool_format, seed=seed, n_conversations=n, save=str(final), **kw))
+    if not _is_complete(final):
+        raise RuntimeError(f"warm start: trained, but {final} is not a complete model folder")
+    return str(final)
+
+
 if __name__ == "__main__":
-    raise SystemExit("sft.py: not implemented yet")
+    run(parse_args(Args))

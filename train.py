@@ -1,3 +1,535 @@
-"""train.py: not implemented yet (see the issues)."""
+"""train.py: GRPO with SAAR-purified multi-turn tool rollouts (the paper's training loop, Sec. 3-4).
+
+Reads top to bottom: args, setup, model, data, optimizer, then the loop (rollout, rewards,
+update, eval/log/ckpt). The defaults are the CPU demo: SmolLM2-135M-Instruct, warmed up by
+sft.py on easy generated problems, trained on harder generated problems that need code, with the
+markdown tool format and SAAR on. The paper's runs are in scripts/ with its values (lr 2e-6,
+128 prompts x 16 samples, mini-batch 32, 16 turns, 20480 response tokens, 4096 overlong buffer).
+
+    python train.py                                   # CPU demo, ~10 minutes
+    python train.py --model tiny-qwen3 --steps 2      # the smallest end-to-end run
+    torchrun --nproc_per_node=4 train.py ...          # one node, FSDP2 over the policy
+
+Departures from the official veRL recipe: the reward grades the final assistant turn (the official
+math reward reads the last 300 characters of the decoded response, tool output included); a run
+is reproducible from its folder (args, commit, diff, package versions, seed), and a checkpoint
+holds the RNG states and the data position, so --resume continues exactly.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import inspect
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+
+@dataclass
+class Args:
+    # run
+    run: str = ""
+    """name of the output folder under out_dir (default: a timestamp)"""
+    out_dir: str = "out"
+    """where runs are written"""
+    seed: int = 0
+    """seed for data order, sampling and SAAR draws"""
+    steps: int = 12
+    """number of GRPO steps"""
+    resume: bool = False
+    """continue the run in out_dir/run from its last checkpoint"""
+    # model
+    model: str = "smollm2-135m"
+    """local folder, hub id, or offline name (smollm2-135m, tiny-qwen3, tiny-bytes)"""
+    warm_start: bool = True
+    """run sft.py's cold start first when the model is an offline base model (cached)"""
+    # data
+    train_data: str = "synth"
+    """'synth' (generated code-needing problems), a named set (math_train, aime_train, leetcode_train) or a JSONL path"""
+    eval_data: str = "synth"
+    """held-out problems: 'synth' (a disjoint seed), a named set or a JSONL path"""
+    eval_size: int = 16
+    """how many held-out problems to evaluate"""
+    # rollout
+    tool_format: str = "markdown"
+    """hermes (Qwen, the paper), markdown (```python blocks, SmolLM2) or none (no-tool baseline)"""
+    prompts_per_step: int = 8
+    """prompts per GRPO step (paper: 128)"""
+    samples_per_prompt: int = 4
+    """rollouts per prompt, the GRPO group (paper: 16)"""
+    max_turns: int = 4
+    """assistant turns per trajectory (paper: 16)"""
+    max_response_tokens: int = 384
+    """response budget per trajectory, tool tokens included (paper: 20480)"""
+    max_turn_tokens: int = 0
+    """cap on one assistant turn (0: the remaining budget, as the paper's code)"""
+    max_tool_calls: int = 30
+    """tool executions per trajectory, SAAR retries included"""
+    temperature: float = 1.0
+    """rollout temperature"""
+    top_p: float = 1.0
+    """rollout top-p"""
+    tool_output_chars: int = 256
+    """tool output shown to the model, cut in the middle (paper: 256)"""
+    error_format: str = "full"
+    """model-facing error: full (stdout + compact traceback) or last_line"""
+    stateful: bool = False
+    """a persistent Python session per trajectory (the paper's tool is stateless)"""
+    engine_batch: int = 32
+    """most sequences the HF engine decodes at once"""
+    # SAAR
+    saar: bool = True
+    """purify failed tool calls with SAAR"""
+    rollback_p: float = 1.0
+    """curriculum mixing: probability a trajectory uses SAAR (paper: 1.0 for 4B, 0.7 for 7B)"""
+    gamma: float = 0.5
+    """similarity threshold: >= gamma shallow (keep old reasoning), else deep"""
+    max_retries: int = 3
+    """regenerations per failed turn before giving up"""
+    sim_on: str = "call"
+    """similarity on the decoded call text (official code) or on the extracted code (paper text)"""
+    feedback_instruction: bool = False
+    """add an explicit 'fix the error' line to the error feedback"""
+    is_mode: str = "none"
+    """importance correction for replaced tokens: none (official), token (truncated weight) or gate"""
+    is_cap: float = 2.0
+    """truncation of the per-token importance weight (is_mode=token)"""
+    is_gate: float = 0.1
+    """keep the error when the sequence-level ratio falls below this (is_mode=gate)"""
+    eval_saar: bool = True
+    """SAAR at test time in the periodic eval (the paper's AIME/GPQA evals ran with it)"""
+    # GRPO
+    lr: float = 1e-5
+    """AdamW learning rate (paper: 2e-6 for 4B, 1e-6 for 7B)"""
+    warmup_steps: int = 2
+    """linear warmup, in optimizer steps (paper: 20)"""
+    weight_decay: float = 0.01
+    """AdamW weight decay"""
+    mini_batch_prompts: int = 4
+    """prompts per optimizer step; several per GRPO step (paper: 32 of 128)"""
+    max_tokens_per_micro: int = 4096
+    """token budget of one packed micro-batch"""
+    clip_low: float = 0.2
+    """PPO clip below 1"""
+    clip_high: float = 0.28
+    """PPO clip above 1 (clip-higher)"""
+    dual_clip_c: float = 10.0
+    """dual-clip bound for negative advantages (0: off)"""
+    agg: str = "token-mean"
+    """loss aggregation: token-mean, seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm (Dr.GRPO)"""
+    norm_adv_std: bool = True
+    """divide advantages by the group std (off: Dr.GRPO)"""
+    kl_coef: float = 0.0
+    """KL penalty to the initial policy (paper: 0)"""
+    kl_type: str = "low_var_kl"
+    """kl (k1) or low_var_kl (k3)"""
+    overlong_buffer: int = 96
+    """DAPO overlong penalty ramps over the last this many tokens of the budget (paper: 4096)"""
+    overlong_penalty: float = 1.0
+    """penalty at the full budget (paper: 1.0)"""
+    grad_clip: float = 1.0
+    """gradient norm clip"""
+    gradient_checkpointing: bool = False
+    """recompute activations in the backward pass"""
+    # sandbox
+    sandbox_slots: int = 2
+    """cells executing at once"""
+    tool_timeout_s: float = 4.0
+    """per-call time limit (paper: 4 s)"""
+    tool_memory_mb: int = 1024
+    """per-call address-space limit"""
+    # system
+    device: str = "auto"
+    """cpu, cuda, or auto"""
+    dtype: str = "float32"
+    """float32, bfloat16 or float16 (the paper's code: float16)"""
+    deterministic: bool = False
+    """bit-exact runs: one request at a time in the engine, deterministic kernels"""
+    eval_every: int = 4
+    """evaluate every N steps (0: never)"""
+    save_every: int = 1
+    """checkpoint every N steps"""
+    dump_rollouts: int = 4
+    """full trajectories written as JSONL per step"""
+    wandb_project: str = ""
+    """log to this wandb project (wandb is imported only when set)"""
+
+
+def _field_docs(cls) -> dict[str, str]:
+    """The string literal under each dataclass field: the --help text."""
+    body = ast.parse(inspect.getsource(cls)).body[0].body
+    return {a.target.id: b.value.value for a, b in zip(body, body[1:])
+            if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant)}
+
+
+def parse_args(cls, argv: list[str] | None = None, description: str = ""):
+    """An argparse parser built from a dataclass: --flag-name VALUE, --flag/--no-flag for bools."""
+    p = argparse.ArgumentParser(description=description or (cls.__doc__ or ""))
+    docs = _field_docs(cls)
+    for f in dataclasses.fields(cls):
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(f.default, bool):
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=docs.get(f.name))
+        else:
+            p.add_argument(flag, type=type(f.default), default=f.default, help=docs.get(f.name))
+    return cls(**vars(p.parse_args(argv)))
+
+
+def overlong_penalty(length: int, max_len: int, buffer: int, factor: float) -> float:
+    """DAPO's soft overlong punishment: 0 until max_len - buffer, then a linear ramp to -factor."""
+    if buffer <= 0:
+        return 0.0
+    return min(0.0, -(length - (max_len - buffer)) / buffer * factor)
+
+
+def load_problems(spec: str, *, seed: int, n: int | None, difficulty: str = "rl"):
+    from data import problems, synth
+    if spec == "synth":
+        return synth.make_problems(n or 4096, seed, difficulty=difficulty)
+    if spec in problems.FILES:
+        return problems.load_named(spec, limit=n, on_error="skip")
+    return problems.load_jsonl(spec, limit=n, on_error="skip")
+
+
+def main(args: Args):
+    import asyncio
+    import random
+    import subprocess
+
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    import engine as engine_mod
+    import grpo
+    import reward
+    import rollout
+    import saar
+    from data import models
+    from sandbox import Sandbox
+
+    # ------------------------------------------------------------------ setup
+    ddp = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if ddp:
+        dist.init_process_group("nccl" if device == "cuda" else "gloo")
+        rank, world = dist.get_rank(), dist.get_world_size()
+        if device == "cuda":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+            device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+    else:
+        rank, world = 0, 1
+    master = rank == 0
+    if args.prompts_per_step % world or args.prompts_per_step % args.mini_batch_prompts:
+        raise SystemExit(f"prompts_per_step ({args.prompts_per_step}) must divide by the world size ({world}) "
+                         f"and by mini_batch_prompts ({args.mini_batch_prompts})")
+    if args.deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    run_name = args.run or time.strftime("run-%Y%m%d-%H%M%S")
+    out = os.path.join(args.out_dir, run_name)
+    ckpt_path = os.path.join(out, "ckpt.pt")
+    if args.resume and not os.path.exists(ckpt_path):
+        raise SystemExit(f"--resume: no checkpoint at {ckpt_path}")
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
+    if master:
+        os.makedirs(os.path.join(out, "rollouts"), exist_ok=True)
+        _write_run_info(out, args, subprocess)
+    log = (lambda *a: print(*a, flush=True)) if master else (lambda *a: None)
+
+    # ------------------------------------------------------------------ model
+    model_path = args.model
+    if args.warm_start and args.model in models.OFFLINE and args.tool_format != "none":
+        import sft
+        model_path = sft.warm_start(args.model, tool_format=args.tool_format, seed=args.seed)  # cached after once
+    tokenizer = models.load_tokenizer(model_path)
+    policy = models.load_model(model_path, dtype=dtype).to(device)
+    if ddp:
+        from torch.distributed.fsdp import fully_shard
+        for layer in policy.model.layers:
+            fully_shard(layer)
+        fully_shard(policy)
+        # the rollout engine needs whole weights: its own copy, refreshed after each update
+        gen_model = models.load_model(model_path, dtype=dtype).to(device).eval()
+    else:
+        gen_model = policy  # one process: the engine reads the policy's own weights, no copy to sync
+    eng = engine_mod.HFEngine(gen_model, tokenizer, max_batch=args.engine_batch, deterministic=args.deterministic)
+    ref = None
+    if args.kl_coef > 0:
+        ref = models.load_model(model_path, dtype=dtype).to(device).eval()
+    sandbox = Sandbox(slots=args.sandbox_slots, timeout_s=args.tool_timeout_s, memory_mb=args.tool_memory_mb)
+
+    # ------------------------------------------------------------------ data
+    train_set = load_problems(args.train_data, seed=args.seed, n=None)
+    eval_seed = args.seed + 10_007  # synth problems from another seed never repeat training ones
+    eval_set = load_problems(args.eval_data, seed=eval_seed, n=args.eval_size)[:args.eval_size]
+    order = np.random.default_rng(args.seed).permutation(len(train_set)).tolist()  # fixed data order
+
+    # ------------------------------------------------------------------ optimizer
+    optimizer, scheduler = grpo.make_optimizer(policy, lr=args.lr, weight_decay=args.weight_decay,
+                                               warmup_steps=args.warmup_steps)
+    start_step = 0
+    if args.resume:
+        start_step = _load_checkpoint(ckpt_path, policy, optimizer, scheduler)
+        log(f"resumed {out} at step {start_step}")
+    saar_cfg = saar.SaarConfig(gamma=args.gamma, max_retries=args.max_retries, sim_on=args.sim_on,
+                               feedback_instruction=args.feedback_instruction, is_mode=args.is_mode,
+                               is_cap=args.is_cap, is_gate=args.is_gate) if args.saar else None
+    roll_kw = dict(tool_format=args.tool_format, max_turns=args.max_turns, max_response_tokens=args.max_response_tokens,
+                   max_turn_tokens=args.max_turn_tokens or None, max_tool_calls=args.max_tool_calls,
+                   tool_output_chars=args.tool_output_chars, error_format=args.error_format, stateful=args.stateful,
+                   eos_ids=eng.eos_token_ids)
+    writer = _metric_writers(out, args) if master else None
+    per_rank = args.prompts_per_step // world
+
+    # ------------------------------------------------------------------ the loop
+    loop = asyncio.new_event_loop()
+    for step in range(start_step, args.steps):
+        t = {}
+        # ---------------------------------------------------------- rollout
+        t0 = time.perf_counter()
+        base = step * args.prompts_per_step + rank * per_rank  # the data position is a function of the step
+        probs = [train_set[order[(base + i) % len(order)]] for i in range(per_rank)]
+        prompts, seeds, metas = [], [], []
+        for i, pr in enumerate(probs):
+            ids = rollout.prompt_ids(tokenizer, pr.problem, pr.task, args.tool_format)
+            for j in range(args.samples_per_prompt):
+                prompts.append(ids)
+                seeds.append(((args.seed * 1_000_003 + step) * 1_000_003 + base + i) * 1_000_003 + j)  # per trajectory
+                metas.append(dict(problem_id=pr.id, group=base + i, sample=j))
+        trajs = loop.run_until_complete(rollout.rollout_batch(
+            eng, sandbox, tokenizer, prompts, seeds=seeds, metas=metas, progress=master,
+            temperature=args.temperature, top_p=args.top_p, saar_cfg=saar_cfg, saar_p=args.rollback_p, **roll_kw))
+        t["rollout"] = time.perf_counter() - t0
+
+        # ---------------------------------------------------------- rewards
+        t0 = time.perf_counter()
+        rewards, correct = [], []
+        for tr, pr in zip(trajs, (p for p in probs for _ in range(args.samples_per_prompt))):
+            ok = reward.grade(pr.task, tr.final_text(tokenizer), answer=pr.answer, tests=pr.tests,
+                              sandbox=sandbox)
+            pen = overlong_penalty(len(tr.response_ids), args.max_response_tokens, args.overlong_buffer,
+                                   args.overlong_penalty)
+            correct.append(ok)
+            rewards.append((1.0 if ok else -1.0) + pen)
+        # group advantages over every rank's rollouts (groups never straddle ranks, but stats do)
+        groups = [m["group"] for m in metas]
+        if ddp:
+            gathered = [None] * world
+            dist.all_gather_object(gathered, (rewards, groups))
+            all_r = [r for g in gathered for r in g[0]]
+            all_g = [x for g in gathered for x in g[1]]
+        else:
+            all_r, all_g = rewards, groups
+        adv_all, adv_stats = grpo.compute_advantages(all_r, all_g, norm_std=args.norm_adv_std)
+        off = rank * len(rewards)
+        adv = adv_all[off:off + len(rewards)]
+        batch = []
+        for tr, a in zip(trajs, adv.tolist()):
+            isw = None if tr.is_weight is None else [1.0] * len(tr.prompt_ids) + tr.is_weight
+            batch.append(grpo.Trajectory(input_ids=tr.prompt_ids + tr.response_ids,
+                                         loss_mask=[0] * len(tr.prompt_ids) + tr.loss_mask, advantage=a,
+                                         is_weight=isw))
+        t["reward"] = time.perf_counter() - t0
+
+        # ---------------------------------------------------------- update
+        t0 = time.perf_counter()
+        # the paper's code recomputes old log-probs on the final (purified) tokens
+        for b, lp in zip(batch, grpo.compute_old_logprobs(policy, batch, max_tokens_per_micro=args.max_tokens_per_micro)):
+            b.old_logp = lp
+        if ref is not None:
+            for b, lp in zip(batch, grpo.compute_old_logprobs(ref, batch, max_tokens_per_micro=args.max_tokens_per_micro)):
+                b.ref_logp = lp
+        t["old_logp"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        try:
+            stats = grpo.update(policy, optimizer, scheduler, batch,
+                                mini_batch_size=args.mini_batch_prompts * args.samples_per_prompt // world,
+                                max_tokens_per_micro=args.max_tokens_per_micro, grad_clip=args.grad_clip,
+                                agg=args.agg, max_len=args.max_response_tokens, clip_low=args.clip_low,
+                                clip_high=args.clip_high, dual_clip_c=args.dual_clip_c or None,
+                                kl_coef=args.kl_coef, kl_type=args.kl_type,
+                                gradient_checkpointing=args.gradient_checkpointing)
+        except grpo.NonFiniteLossError as e:
+            # no optimizer step touched the weights with the bad gradient; keep what is good and stop
+            path = os.path.join(out, f"ckpt-nonfinite-step{step}.pt")
+            _save_checkpoint(path, policy, optimizer, scheduler, step, master)
+            raise SystemExit(f"step {step}: {e}\nweights are unchanged by the bad update; saved {path}. "
+                             f"The last regular checkpoint is {ckpt_path}.")
+        t["update"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        if gen_model is not policy:
+            eng.update_weights(_full_state(policy).items())
+        eng.flush_cache()  # stale KV from the old weights must never be reused
+        t["sync"] = time.perf_counter() - t0
+
+        # ---------------------------------------------------------- eval / log / ckpt
+        m = _step_metrics(trajs, rewards, correct, adv_stats, stats, t)
+        m["step"] = step + 1
+        if args.eval_every and (step + 1) % args.eval_every == 0:
+            t0 = time.perf_counter()
+            m.update(_evaluate(loop, eng, sandbox, tokenizer, eval_set, args, saar_cfg, roll_kw, rank, world))
+            m["t_eval"] = time.perf_counter() - t0
+        if master:
+            log(_format_line(m))
+            writer(m)
+            _dump_rollouts(os.path.join(out, "rollouts", f"step_{step + 1:06d}.jsonl"), trajs[:args.dump_rollouts],
+                           rewards, tokenizer)
+        if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
+            _save_checkpoint(ckpt_path, policy, optimizer, scheduler, step + 1, master)
+    if args.steps > start_step:
+        _save_hf(os.path.join(out, "hf"), policy, tokenizer, master)
+    sandbox.close()
+    eng.shutdown()
+    loop.close()
+    if ddp:
+        dist.destroy_process_group()
+    log(f"done: {out}")
+
+
+# ---------------------------------------------------------------------- helpers of the loop
+
+def _evaluate(loop, eng, sandbox, tokenizer, problems, args, saar_cfg, roll_kw, rank, world):
+    """Held-out accuracy, greedy and sampled (SAAR at test time as args.eval_saar says)."""
+    import rollout
+    import reward
+    import torch.distributed as dist
+    mine = problems[rank::world]
+    out = {}
+    for name, temp in (("greedy", 0.0), ("sampled", args.temperature)):
+        prompts = [rollout.prompt_ids(tokenizer, p.problem, p.task, args.tool_format) for p in mine]
+        trajs = loop.run_until_complete(rollout.rollout_batch(
+            eng, sandbox, tokenizer, prompts, seeds=list(range(len(prompts))), temperature=temp, top_p=args.top_p,
+            saar_cfg=saar_cfg if args.eval_saar else None, saar_p=1.0, **roll_kw))
+        ok = [reward.grade(p.task, tr.final_text(tokenizer), answer=p.answer, tests=p.tests, sandbox=sandbox)
+              for p, tr in zip(mine, trajs)]
+        n_ok, n = sum(ok), len(ok)
+        if world > 1:
+            both = [None] * world
+            dist.all_gather_object(both, (n_ok, n))
+            n_ok, n = sum(b[0] for b in both), sum(b[1] for b in both)
+        out[f"eval_{name}_acc"] = n_ok / max(1, n)
+    return out
+
+
+def _step_metrics(trajs, rewards, correct, adv_stats, stats, t) -> dict:
+    n = max(1, len(trajs))
+    calls = sum(tr.num_tool_calls for tr in trajs)
+    ev = [e["kind"] for tr in trajs for e in tr.saar_events]
+    m = dict(reward=sum(rewards) / n, acc=sum(correct) / n, tool_calls=calls / n,
+             tool_err=sum(tr.num_tool_errors for tr in trajs) / max(1, calls),
+             saar_shallow=ev.count("shallow"), saar_deep=ev.count("deep"), saar_given_up=ev.count("given_up"),
+             saar_answered=ev.count("answered"), resp_len=sum(len(tr.response_ids) for tr in trajs) / n,
+             truncated=sum(tr.truncated for tr in trajs) / n, zero_adv_groups=adv_stats["zero_adv_groups"])
+    m.update({k: v for k, v in stats.items() if isinstance(v, (int, float))})
+    m.update({f"t_{k}": v for k, v in t.items()})
+    return m
+
+
+def _format_line(m: dict) -> str:
+    s = (f"step {m['step']:4d} | reward {m['reward']:+.3f} | acc {m['acc']:.3f} | tool_calls {m['tool_calls']:.2f} "
+         f"| tool_err {m['tool_err']:.2f} | saar s/d/g {m['saar_shallow']}/{m['saar_deep']}/{m['saar_given_up']} "
+         f"| resp_len {m['resp_len']:.0f} | t rollout {m['t_rollout']:.1f}s reward {m['t_reward']:.1f}s "
+         f"old_logp {m['t_old_logp']:.1f}s update {m['t_update']:.1f}s sync {m['t_sync']:.2f}s")
+    if "eval_greedy_acc" in m:
+        s += f" | eval greedy {m['eval_greedy_acc']:.3f} sampled {m['eval_sampled_acc']:.3f}"
+    return s
+
+
+def _metric_writers(out: str, args: Args):
+    """metrics.jsonl always, TensorBoard scalars, wandb only when a project is named."""
+    from torch.utils.tensorboard import SummaryWriter
+    tb = SummaryWriter(os.path.join(out, "tb"))
+    wb = None
+    if args.wandb_project:
+        import wandb  # imported only here, so runs without it never need it
+        wb = wandb.init(project=args.wandb_project, name=os.path.basename(out), config=dataclasses.asdict(args))
+
+    def write(m: dict):
+        with open(os.path.join(out, "metrics.jsonl"), "a") as f:
+            f.write(json.dumps(m) + "\n")
+        for k, v in m.items():
+            if isinstance(v, (int, float)) and k != "step":
+                tb.add_scalar(k, v, m["step"])
+        tb.flush()
+        if wb is not None:
+            wb.log(m, step=m["step"])
+    return write
+
+
+def _dump_rollouts(path: str, trajs, rewards, tokenizer):
+    with open(path, "w") as f:
+        for tr, r in zip(trajs, rewards):
+            f.write(json.dumps(dict(meta=tr.meta, reward=r, prompt=tokenizer.decode(tr.prompt_ids), response=tr.text,
+                                    finish_reason=tr.finish_reason, truncated=tr.truncated, turns=tr.turns,
+                                    saar=tr.saar, saar_events=tr.saar_events, num_tool_calls=tr.num_tool_calls,
+                                    num_tool_errors=tr.num_tool_errors, response_len=len(tr.response_ids))) + "\n")
+
+
+def _write_run_info(out: str, args: Args, subprocess):
+    """Everything needed to reproduce the run: args, commit, diff, package versions, seed."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    git = lambda *a: subprocess.run(["git", *a], cwd=here, capture_output=True, text=True).stdout
+    info = dict(args=dataclasses.asdict(args), seed=args.seed, commit=git("rev-parse", "HEAD").strip(),
+                argv=sys.argv, python=sys.version, time=time.strftime("%Y-%m-%d %H:%M:%S"))
+    with open(os.path.join(out, "run.json"), "w") as f:
+        json.dump(info, f, indent=2)
+    with open(os.path.join(out, "git.diff"), "w") as f:
+        f.write(git("diff", "HEAD"))
+    from importlib import metadata
+    with open(os.path.join(out, "packages.txt"), "w") as f:
+        f.write("\n".join(sorted(f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions())) + "\n")
+
+
+def _full_state(model) -> dict:
+    """Whole (unsharded) weights on every rank; works for plain modules and FSDP2 alike."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+
+
+def _save_checkpoint(path: str, model, optimizer, scheduler, step: int, master: bool):
+    """Model, optimizer, scheduler, step (= data position) and every RNG state; temp file then rename."""
+    import random
+
+    import numpy as np
+    import torch
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    msd, osd = get_state_dict(model, optimizer, options=opts)
+    if not master:
+        return
+    state = dict(model=msd, optimizer=osd, scheduler=scheduler.state_dict(), step=step,
+                 rng=dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state()))
+    tmp = path + ".tmp"
+    torch.save(state, tmp)
+    os.replace(tmp, path)  # a kill mid-save leaves the previous checkpoint intact
+
+
+def _load_checkpoint(path: str, model, optimizer, scheduler) -> int:
+    import random
+
+    import numpy as np
+    import torch
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
+                   options=StateDictOptions(full_state_dict=True))
+    scheduler.load_state_dict(state["scheduler"])
+    random.setstate(state["rng"]["python"])
+    np.random.set_state(state["rng"]["numpy"])
+    torch.set_rng_state(state["rng"]["torch"])
+    return int(state["step"])
+
+
+def _save_hf(path: str, model, tokenizer, master: bool):
+    """A Hugging Face folder eval.py can load (whole weights, written by rank 0)."""
+    sd = _full_state(model)
+    if master:
+        model.save_pretrained(path, state_dict=sd)
+        tokenizer.save_pretrained(path)
+
+
 if __name__ == "__main__":
-    raise SystemExit("train.py: not implemented yet")
+    main(parse_args(Args, description="GRPO + SAAR training (CLEANER)."))

@@ -22,6 +22,7 @@ folder that looks complete; a folder that fails to load is rebuilt.
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -113,7 +114,9 @@ def resolve(name: str | os.PathLike) -> str:
                      f"and not one of the offline models {', '.join(OFFLINE)}")
 
 
+@functools.lru_cache(maxsize=8)
 def load_tokenizer(name: str):
+    """Cached: a Qwen tokenizer takes seconds to load, and nothing here mutates one."""
     from transformers import AutoTokenizer
     return AutoTokenizer.from_pretrained(resolve(name))
 

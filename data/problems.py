@@ -18,8 +18,8 @@ Code tests, normalised form (Problem.tests); graders branch on the shape:
     {"functional": src}   src is Python that defines check(candidate) and ends with a call such as
                           `check(Solution().twoSum)` (leetcode_train). Run the candidate solution,
                           then src, in one program; it passes iff that program exits cleanly.
-                          Neither the solution nor src imports anything: put FUNCTIONAL_PRELUDE
-                          (below: typing/collections/... star imports, `inf`, ListNode, TreeNode,
+                          Neither the solution nor src imports anything: put reward.LEETCODE_PRELUDE
+                          (typing/collections/... star imports, `inf`, ListNode, TreeNode,
                           list_node, tree_node, is_same_list, is_same_tree) first, as the source
                           data's LeetCode graders do.
     {"call": name, "cases": [{"input": str, "output": str}, ...]}
@@ -60,74 +60,6 @@ FILES = {
 }
 
 TASKS = ("math", "code")
-
-# Run before `solution + functional tests`. LeetCode statements use List[int], deque, inf, ListNode
-# ... without imports, and the tests build linked lists / trees from lists with these helpers.
-FUNCTIONAL_PRELUDE = """\
-import bisect, collections, datetime, functools, heapq, itertools, math, operator, random, re, string
-from bisect import *
-from collections import *
-from functools import *
-from heapq import *
-from itertools import *
-from math import *
-from operator import *
-from string import *
-from typing import *
-
-inf = float("inf")
-
-
-class ListNode:
-    def __init__(self, val=0, next=None):
-        self.val = val
-        self.next = next
-
-
-class TreeNode:
-    def __init__(self, val=0, left=None, right=None):
-        self.val = val
-        self.left = left
-        self.right = right
-
-
-def list_node(values):
-    head = None
-    for v in reversed(values):
-        head = ListNode(v, head)
-    return head
-
-
-def tree_node(values):
-    # LeetCode level order: None marks a missing child; missing nodes have no children listed
-    if not values or values[0] is None:
-        return None
-    root = TreeNode(values[0])
-    queue, i = collections.deque([root]), 1
-    while queue and i < len(values):
-        node = queue.popleft()
-        for side in ("left", "right"):
-            if i < len(values) and values[i] is not None:
-                child = TreeNode(values[i])
-                setattr(node, side, child)
-                queue.append(child)
-            i += 1
-    return root
-
-
-def is_same_list(a, b):
-    while a is not None and b is not None:
-        if a.val != b.val:
-            return False
-        a, b = a.next, b.next
-    return a is None and b is None
-
-
-def is_same_tree(a, b):
-    if a is None or b is None:
-        return a is b
-    return a.val == b.val and is_same_tree(a.left, b.left) and is_same_tree(a.right, b.right)
-"""
 
 
 @dataclass

@@ -18,7 +18,8 @@ import pytest
 import sympy
 
 from data import download as dl  # the repo root is on sys.path via tests/conftest.py
-from data.problems import (FILES, FUNCTIONAL_PRELUDE, DataError, Problem, default_data_dir, load_jsonl,
+from reward import LEETCODE_PRELUDE
+from data.problems import (FILES, DataError, Problem, default_data_dir, load_jsonl,
                            load_named, problem_from_row)
 from data.synth import KINDS, make_problems, make_sft_conversations
 
@@ -105,14 +106,14 @@ def test_leetcode_tests_pass_with_reference_solutions_and_prelude():
         "    except BaseException:\n"
         "        bad.append(pid)\n"
         "print(json.dumps(bad))\n")
-    progs = [[p.id, FUNCTIONAL_PRELUDE + "\n" + p.meta["reference_solution"] + "\n\n" + p.tests["functional"]]
+    progs = [[p.id, LEETCODE_PRELUDE + "\n" + p.meta["reference_solution"] + "\n\n" + p.tests["functional"]]
              for p in ps]
     r = run_py(runner, json.dumps(progs))
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == [] and len(progs) > 150
     # and a wrong solution fails the same tests
     wrong = ps[0].meta["reference_solution"].replace("return", "return None and", 1)
-    assert run_py(FUNCTIONAL_PRELUDE + wrong + "\n\n" + ps[0].tests["functional"]).returncode != 0
+    assert run_py(LEETCODE_PRELUDE + wrong + "\n\n" + ps[0].tests["functional"]).returncode != 0
 
 
 @needs_shared
@@ -392,7 +393,7 @@ def test_convert_dapo_strips_template_and_dedups():
 def passes_call_tests(solution: str, tests: dict) -> bool:
     # the documented meaning of {"call", "cases"}, run on our own trusted fixture solutions
     ns = {}
-    exec(FUNCTIONAL_PRELUDE + solution, ns)
+    exec(LEETCODE_PRELUDE + solution, ns)
     fn = getattr(ns["Solution"](), tests["call"]) if "Solution" in ns else ns[tests["call"]]
     for c in tests["cases"]:
         args = [json.loads(line) for line in c["input"].split("\n") if line.strip()]

@@ -1,0 +1,103 @@
+"""Bench: the GRPO update (grpo.update) with packed micro-batches vs right-padded ones.
+
+Same trajectories (random lengths, prompt tokens masked), same model init, same token budget per
+micro-batch; the padded baseline groups consecutive trajectories while rows * longest fits the
+budget, as a trainer without packing would. Each mode runs in its own subprocess so that peak RSS
+(resource.getrusage; tracemalloc does not see torch) belongs to that mode alone. Throughput
+counts real tokens (padding excluded) over the update's wall time, after a warm-up update.
+
+    python bench/update.py            # prints both modes and one `bench: update ...` line
+
+On CPU, packed rows use sdpa with a block-diagonal mask, which still computes the full
+(row x row) attention scores; on GPU with flash-attention the packed path is varlen and exact.
+"""
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def run_mode(args) -> dict:
+    import torch
+    import transformers
+
+    import grpo
+
+    torch.manual_seed(0)
+    cfg = transformers.Qwen2Config(vocab_size=args.vocab, hidden_size=args.hidden, num_hidden_layers=args.layers,
+                                   num_attention_heads=4, num_key_value_heads=2, intermediate_size=3 * args.hidden)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").float()
+    g = torch.Generator().manual_seed(1)
+
+    def trajectories(n, lo, hi):
+        out = []
+        for _ in range(n):
+            L = int(torch.randint(lo, hi + 1, (), generator=g))
+            mask = [0] * args.prompt + [1] * (L - args.prompt)
+            # one tool-output span inside the response, masked like the trainer masks it
+            a = int(torch.randint(args.prompt + 1, L - 1, (), generator=g))
+            mask[a:a + min(32, L - 1 - a)] = [0] * min(32, L - 1 - a)
+            out.append(grpo.Trajectory(input_ids=torch.randint(0, args.vocab, (L,), generator=g).tolist(),
+                                       loss_mask=mask, advantage=float(torch.randn((), generator=g)),
+                                       old_logp=[-8.0] * L))
+        return out
+
+    warm, batch = trajectories(2, 40, 80), trajectories(args.n, args.min_len, args.max_len)
+    opt, sched = grpo.make_optimizer(model, lr=1e-5, warmup_steps=1)
+    kw = dict(max_tokens_per_micro=args.max_tokens, packed=args.mode == "packed")
+    grpo.update(model, opt, sched, warm, mini_batch_size=2, **kw)
+    base = rss_mb()
+    t0 = time.perf_counter()
+    st = grpo.update(model, opt, sched, batch, mini_batch_size=args.mini_batch, **kw)
+    dt = time.perf_counter() - t0
+    return {"mode": args.mode, "tokens": st["tokens"], "seconds": dt, "tok_s": st["tokens"] / dt,
+            "pad_frac": st["pad_frac"], "micro_batches": st["n_micro_batches"],
+            "peak_rss_mb": rss_mb(), "rss_before_update_mb": base}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--n", type=int, default=16, help="trajectories")
+    p.add_argument("--min-len", type=int, default=64)
+    p.add_argument("--max-len", type=int, default=1024)
+    p.add_argument("--prompt", type=int, default=32, help="prompt tokens per trajectory (loss mask 0)")
+    p.add_argument("--mini-batch", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=2048, help="token budget per micro-batch")
+    p.add_argument("--vocab", type=int, default=8192)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--mode", choices=["packed", "padded"], help=argparse.SUPPRESS)  # internal: one subprocess
+    args = p.parse_args()
+    if args.mode:
+        print(json.dumps(run_mode(args)))
+        return
+    res = {}
+    for mode in ("packed", "padded"):
+        cmd = [sys.executable, __file__, "--mode", mode] + sys.argv[1:]
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        if out.returncode:
+            sys.exit(f"bench/update.py: {mode} run failed:\n{out.stderr[-3000:]}")
+        res[mode] = json.loads(out.stdout.strip().splitlines()[-1])
+        r = res[mode]
+        print(f"{mode:7s} {r['tokens']} tokens in {r['seconds']:.1f}s = {r['tok_s']:.0f} tok/s, "
+              f"{r['micro_batches']} micro-batches, padding {100 * r['pad_frac']:.0f}% of slots, "
+              f"peak RSS {r['peak_rss_mb']:.0f} MB (update adds {r['peak_rss_mb'] - r['rss_before_update_mb']:.0f} MB)")
+    pk, pd = res["packed"], res["padded"]
+    print(f"bench: update packed_tok_s={pk['tok_s']:.0f} padded_tok_s={pd['tok_s']:.0f} "
+          f"speedup={pk['tok_s'] / pd['tok_s']:.2f} padded_pad_frac={pd['pad_frac']:.2f} "
+          f"packed_peak_rss_mb={pk['peak_rss_mb']:.0f} padded_peak_rss_mb={pd['peak_rss_mb']:.0f} "
+          f"rss_ratio={pk['peak_rss_mb'] / pd['peak_rss_mb']:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,675 @@
+"""eval.py: AIME24/25, GPQA-Diamond and LiveCodeBench-v6, scored as the CLEANER paper scores them.
+
+    python eval.py --model M --benchmarks aime24,aime25,gpqa,lcb [--n 16] [--saar paper|on|off|both]
+    python eval.py --score out/eval/M.jsonl          # re-grade saved responses, no model needed
+
+Paper setup (official eval scripts): sampling temperature 1.0, top_p 0.6, 16 samples a problem (the
+7B runs use 32, LiveCodeBench 10), tool calls on, up to 16 turns, SAAR at test time on or off. The
+paper reports average pass@1 (mean@n); we also print the unbiased pass@k for k = 1, 2, 4, ..., n
+(Chen et al. 2021), maj@n for answer benchmarks, and how often the model called the tool and how
+often those calls failed. Grading is reward.py's, the same code as the training reward.
+
+Per-record JSONL schema (one line per sampled response):
+    benchmark        "aime24" | "aime25" | "gpqa" | "lcb"
+    problem_id       str, the problem's id in its source (LiveCodeBench: question_id)
+    sample_idx       int, 0..n-1
+    response         str, the final assistant text (what the grader reads)
+    pred             str | null, what the grader extracted: boxed answer / option letter / code block
+    gold             str | null, gold answer or letter; null for lcb (tests are re-read by problem_id)
+    correct          bool
+    num_tool_calls   int, tool calls in the trajectory
+    num_tool_errors  int, of those, calls whose execution failed
+    saar             bool, whether SAAR was on while generating
+    meta             object, free (finish reason, lengths, ...)
+`--score FILE` recomputes pred and correct from response + gold (lcb: + tests from --lcb-dir) and
+prints the same tables.
+
+Data: AIME from JSONL (data/problems.py; ../shared/data or data/download.py). GPQA-Diamond from a
+file the user provides (official CSV, hub parquet, or the password-protected dataset.zip): its
+authors ask that the questions never appear in plain text online, so they are never logged, and
+tests use synthetic look-alikes. The four choices are shuffled per question with a fixed seed, since
+the correct one comes first in the source. LiveCodeBench from a directory of its release
+`test*.jsonl` files, kept to a contest-date window (v6 in the paper: 2025-02 to 2025-05).
+
+Departures: the official code reads preformatted parquet files (Open-AgentRL-Eval) and grades math
+with verl's math_dapo string normaliser; we read the public sources and grade with math-verify (see
+reward.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import base64
+import csv
+import dataclasses
+import inspect
+import io
+import json
+import math
+import pickle
+import random
+import re
+import zipfile
+import zlib
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import reward
+from data.problems import FILES, DataError, Problem, default_data_dir, load_jsonl
+
+REPO_ROOT = Path(__file__).resolve().parent
+
+
+@dataclass
+class Args:
+    # --- what to evaluate
+    model: str = "smollm2-135m"
+    """model name or path (resolved by data/models.py)"""
+    benchmarks: str = "aime24,aime25,gpqa,lcb"
+    """comma-separated benchmarks: aime24, aime25, gpqa, lcb"""
+    limit: int = 0
+    """evaluate only the first N problems of each benchmark (0: all)"""
+    score: str = ""
+    """re-grade this saved JSONL of responses and print its tables (no model is loaded)"""
+    out: str = ""
+    """write graded responses here as JSONL (default out/eval/<model>.jsonl; with --score: none)"""
+    # --- sampling (paper: temperature 1.0, top_p 0.6, n=16; 7B runs n=32; LiveCodeBench n=10)
+    n: int = 16
+    """samples per problem for aime24/aime25/gpqa"""
+    lcb_n: int = 10
+    """samples per problem for lcb"""
+    temperature: float = 1.0
+    """sampling temperature"""
+    top_p: float = 0.6
+    """nucleus sampling threshold"""
+    max_new_tokens: int = 20480
+    """response token budget of one trajectory (the paper's max_response_length)"""
+    seed: int = 0
+    """sampling seed"""
+    # --- rollout
+    tools: bool = True
+    """let the model call the Python tool"""
+    saar: str = "paper"
+    """test-time SAAR: paper (on for AIME/GPQA, off for LCB, as the official eval scripts), on, off, both"""
+    tool_format: str = "auto"
+    """hermes, markdown, or auto (hermes when the tokenizer has a <tool_call> token)"""
+    max_turns: int = 16
+    """most assistant turns in one trajectory"""
+    tool_timeout_s: float = 4.0
+    """per-call time limit of the model's tool"""
+    engine_batch: int = 32
+    """most sequences the engine decodes at once"""
+    device: str = "auto"
+    """cpu, cuda, or auto"""
+    # --- data
+    data_dir: str = ""
+    """folder with aime24.jsonl / aime25.jsonl (default: $CLEANER_DATA or ../shared/data)"""
+    gpqa_path: str = ""
+    """GPQA-Diamond file you provide: gpqa_diamond.csv, its hub parquet, or GPQA's dataset.zip"""
+    gpqa_zip_password: str = "deserted-untie-orchid"
+    """password of GPQA's dataset.zip, as published in the GPQA README"""
+    gpqa_seed: int = 0
+    """seed of the per-question choice shuffle"""
+    lcb_dir: str = ""
+    """folder with LiveCodeBench release files test*.jsonl (code_generation_lite)"""
+    lcb_start: str = "2025-02"
+    """first contest month (YYYY-MM) kept from LiveCodeBench"""
+    lcb_end: str = "2025-05"
+    """last contest month (YYYY-MM) kept from LiveCodeBench"""
+    # --- grading
+    code_timeout_s: float = 6.0
+    """per-test time limit for code (LiveCodeBench's default)"""
+    grade_workers: int = 4
+    """responses graded in parallel (code runs in the sandbox)"""
+
+
+BENCHMARKS = ("aime24", "aime25", "gpqa", "lcb")
+SAAR_MODES = ("paper", "on", "off", "both")
+TASK = {"aime24": "math", "aime25": "math", "gpqa": "gpqa", "lcb": "code"}
+
+
+class EvalError(ValueError):
+    """Bad input to the evaluation (file, line, field named in the message)."""
+
+
+def _field_docs(cls) -> dict[str, str]:
+    """Field docstrings of a dataclass (the string literal under each field), for --help."""
+    body = ast.parse(inspect.getsource(cls)).body[0].body
+    return {a.target.id: b.value.value for a, b in zip(body, body[1:])
+            if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant)}
+
+
+def parse_args(argv: list[str] | None = None) -> Args:
+    p = argparse.ArgumentParser(description="Evaluate a model on AIME24/25, GPQA-Diamond and LiveCodeBench.")
+    docs = _field_docs(Args)
+    for f in dataclasses.fields(Args):
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(f.default, bool):
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=docs.get(f.name))
+        else:
+            p.add_argument(flag, type=type(f.default), default=f.default, help=docs.get(f.name))
+    return Args(**vars(p.parse_args(argv)))
+
+
+def parse_benchmarks(spec: str) -> list[str]:
+    names = [s.strip() for s in spec.split(",") if s.strip()]
+    if not names:
+        raise EvalError("--benchmarks is empty; choose from " + ", ".join(BENCHMARKS))
+    for name in names:
+        if name not in BENCHMARKS:
+            raise EvalError(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}")
+    return list(dict.fromkeys(names))
+
+
+def samples_per_problem(args: Args, benchmark: str) -> int:
+    return args.lcb_n if benchmark == "lcb" else args.n
+
+
+# ---------------------------------------------------------------------------------------------------
+# Loaders: each returns Problems with meta["benchmark"] set; `problem` is the text the model sees
+# (GPQA: question and lettered choices; LiveCodeBench: statement plus its I/O contract).
+# ---------------------------------------------------------------------------------------------------
+
+def load_aime(name: str, data_dir: str = "", limit: int = 0) -> list[Problem]:
+    path = Path(data_dir or default_data_dir()) / FILES[name]
+    if not path.is_file():
+        raise EvalError(f"{name}: {path} not found; pass --data-dir (the folder with {FILES[name]}) "
+                        f"or fetch it with `python data/download.py`")
+    try:
+        problems = load_jsonl(path, task="math", limit=limit or None)
+    except DataError as e:
+        raise EvalError(str(e)) from None
+    for p in problems:
+        p.meta["benchmark"] = name
+    return problems
+
+
+def _gpqa_rows(path: Path, password: str) -> list[dict]:
+    """Rows of the GPQA file as dicts of column -> value (never printed: see module docstring)."""
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        with open(path, newline="", encoding="utf-8") as f:
+            return list(csv.DictReader(f))
+    if suffix == ".zip":
+        with zipfile.ZipFile(path) as zf:
+            names = [n for n in zf.namelist() if n.endswith("gpqa_diamond.csv")]
+            if not names:
+                raise EvalError(f"{path}: no gpqa_diamond.csv inside the zip")
+            try:
+                data = zf.read(names[0], pwd=password.encode())
+            except RuntimeError as e:  # zipfile's "Bad password for file"
+                raise EvalError(f"{path}: cannot decrypt {names[0]} ({e}); check --gpqa-zip-password") from None
+            except NotImplementedError as e:
+                raise EvalError(f"{path}: {e}; unzip it yourself and pass the CSV") from None
+        return list(csv.DictReader(io.StringIO(data.decode("utf-8"))))
+    if suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise EvalError(f"{path}: reading parquet needs pyarrow (`pip install pyarrow`); "
+                            "or pass the official CSV or dataset.zip") from None
+        return pq.read_table(path).to_pylist()
+    raise EvalError(f"{path}: unknown GPQA file type {suffix!r}; expected .csv, .parquet or .zip")
+
+
+def load_gpqa(path: str, seed: int = 0, limit: int = 0, password: str = "deserted-untie-orchid") -> list[Problem]:
+    """GPQA-Diamond with the choices of each question shuffled by Random(f"{seed}:{record id}")."""
+    if not path:
+        raise EvalError("the gpqa benchmark needs --gpqa-path: the official gpqa_diamond.csv, the hub parquet, "
+                        "or GPQA's password-protected dataset.zip (it is not bundled: its authors ask that "
+                        "the questions not be redistributed)")
+    p = Path(path)
+    if not p.is_file():
+        raise EvalError(f"GPQA file not found: {p}")
+    rows = _gpqa_rows(p, password)
+    if not rows:
+        raise EvalError(f"{p}: no rows")
+    problems = []
+    for i, row in enumerate(rows, start=1):
+        where = f"{p}: row {i}"
+        pid = str(row.get("Record ID") or row.get("id") or f"gpqa-{i}")
+        if "Question" in row:
+            cols = ["Question", "Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3"]
+            for c in cols:
+                if not isinstance(row.get(c), str) or not row[c].strip():
+                    raise EvalError(f"{where}: missing or empty column {c!r}")
+            choices = [row[c].strip() for c in cols[1:]]  # correct first, as in the source
+            order = list(range(4))
+            random.Random(f"{seed}:{pid}").shuffle(order)
+            gold = "ABCD"[order.index(0)]
+            text = row["Question"].strip() + "\n\n" + "\n".join(
+                f"{letter}) {choices[j]}" for letter, j in zip("ABCD", order))
+        elif "problem" in row and "solution" in row:  # preformatted (choices in the text, letter answer)
+            gold = str(row["solution"]).strip().upper()
+            if gold not in ("A", "B", "C", "D"):
+                raise EvalError(f"{where}: column 'solution' must be a letter A-D")
+            text = str(row["problem"])
+        else:
+            raise EvalError(f"{where}: expected the official columns ('Question', 'Correct Answer', "
+                            f"'Incorrect Answer 1'..'3') or 'problem' + 'solution'; got {sorted(row)[:8]}")
+        problems.append(Problem(id=pid, problem=text, answer=gold, task="gpqa",
+                                meta={"benchmark": "gpqa", "domain": row.get("High-level domain") or row.get("domain")}))
+        if limit and len(problems) >= limit:
+            break
+    return problems
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Unpickles only plain data (str, bytes, numbers, lists, tuples, dicts, sets): any global
+    (a class or function, which is how a pickle runs code) is refused."""
+
+    def find_class(self, module, name):
+        if module == "builtins" and name in ("set", "frozenset"):
+            return {"set": set, "frozenset": frozenset}[name]
+        raise pickle.UnpicklingError(f"refusing to unpickle global {module}.{name}: only plain containers are allowed")
+
+
+def decode_lcb_tests(field: str | list) -> list[dict]:
+    """LiveCodeBench test cases: a JSON list, or (private tests) base64 of zlib of a pickled JSON string."""
+    if isinstance(field, list):
+        return field
+    try:
+        return json.loads(field)
+    except json.JSONDecodeError:
+        pass
+    try:
+        raw = zlib.decompress(base64.b64decode(field.encode("utf-8"), validate=False))
+    except (ValueError, zlib.error) as e:
+        raise EvalError(f"test cases are neither JSON nor base64+zlib ({e})") from None
+    try:
+        obj = _PlainUnpickler(io.BytesIO(raw)).load()
+    except pickle.UnpicklingError as e:
+        raise EvalError(f"private test cases: {e}") from None
+    except Exception as e:
+        raise EvalError(f"private test cases: not a readable pickle ({type(e).__name__}: {e})") from None
+    if isinstance(obj, (bytes, str)):
+        obj = json.loads(obj)
+    if not isinstance(obj, list):
+        raise EvalError(f"private test cases: expected a list, got {type(obj).__name__}")
+    return obj
+
+
+def _lcb_problem(row: dict, where: str) -> Problem:
+    for key in ("question_id", "question_content", "contest_date", "public_test_cases", "private_test_cases"):
+        if key not in row:
+            raise EvalError(f"{where}: missing field {key!r}")
+    try:
+        cases = decode_lcb_tests(row["public_test_cases"]) + decode_lcb_tests(row["private_test_cases"])
+    except (EvalError, json.JSONDecodeError) as e:
+        raise EvalError(f"{where}: {e}") from None
+    if not cases:
+        raise EvalError(f"{where}: no test cases")
+    kinds = {c.get("testtype", "stdin") if isinstance(c, dict) else None for c in cases}
+    for i, c in enumerate(cases):
+        if not isinstance(c, dict) or not isinstance(c.get("input"), str) or not isinstance(c.get("output"), str):
+            raise EvalError(f"{where}: test case {i} must have string 'input' and 'output'")
+    cases = [{"input": c["input"], "output": c["output"]} for c in cases]
+    meta = row.get("metadata") or "{}"
+    meta = json.loads(meta) if isinstance(meta, str) else meta
+    starter = (row.get("starter_code") or "").strip()
+    if kinds == {"functional"}:
+        func = meta.get("func_name")
+        if not func:
+            raise EvalError(f"{where}: functional problem without metadata.func_name")
+        tests = {"call": func, "cases": cases}
+        text = (row["question_content"].rstrip() + "\n\nComplete this starter code (a `Solution` method), "
+                f"in a final ```python block:\n```python\n{starter}\n```")
+    elif kinds == {"stdin"}:
+        tests = cases
+        text = (row["question_content"].rstrip() + "\n\nRead the input from stdin and write the answer to "
+                "stdout. Give the whole program in a final ```python block.")
+    else:
+        raise EvalError(f"{where}: test types {sorted(map(str, kinds))}; expected all 'stdin' or all 'functional'")
+    return Problem(id=str(row["question_id"]), problem=text, answer=None, task="code", tests=tests,
+                   meta={"benchmark": "lcb", "platform": row.get("platform"), "difficulty": row.get("difficulty"),
+                         "contest_date": row["contest_date"], "starter_code": starter})
+
+
+def load_lcb(lcb_dir: str, start: str = "2025-02", end: str = "2025-05", limit: int = 0,
+             ids: set[str] | None = None) -> list[Problem]:
+    """LiveCodeBench problems with start <= contest month <= end (or exactly `ids`, for --score)."""
+    if not lcb_dir:
+        raise EvalError("the lcb benchmark needs --lcb-dir: a folder with LiveCodeBench's test*.jsonl "
+                        "release files (livecodebench/code_generation_lite)")
+    d = Path(lcb_dir)
+    files = sorted(d.glob("test*.jsonl")) if d.is_dir() else []
+    if not files:
+        raise EvalError(f"no LiveCodeBench test*.jsonl files in {d}")
+    for m in (start, end):
+        if not re.fullmatch(r"\d{4}-\d{2}", m):
+            raise EvalError(f"LiveCodeBench window months must look like 2025-02, got {m!r}")
+    problems, seen = [], set()
+    for path in files:
+        with open(path, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                where = f"{path}:{lineno}"
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise EvalError(f"{where}: bad JSON: {e.msg} at column {e.colno}") from None
+                qid = str(row.get("question_id"))
+                if qid in seen:
+                    continue
+                if ids is not None:
+                    if qid not in ids:
+                        continue
+                elif not start <= str(row.get("contest_date", ""))[:7] <= end:
+                    continue
+                problems.append(_lcb_problem(row, where))
+                seen.add(qid)
+                if limit and len(problems) >= limit:
+                    return problems
+    return problems
+
+
+def load_benchmark(name: str, args: Args) -> list[Problem]:
+    if name in ("aime24", "aime25"):
+        return load_aime(name, args.data_dir, args.limit)
+    if name == "gpqa":
+        return load_gpqa(args.gpqa_path, args.gpqa_seed, args.limit, args.gpqa_zip_password)
+    if name == "lcb":
+        return load_lcb(args.lcb_dir, args.lcb_start, args.lcb_end, args.limit)
+    raise EvalError(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Generation (to be wired to rollout.py)
+# ---------------------------------------------------------------------------------------------------
+
+def saar_settings(args: Args, benchmark: str) -> list[bool]:
+    """Which test-time SAAR settings to run: the paper's eval scripts keep it on for AIME and GPQA and
+    off for LiveCodeBench ("paper"); "both" runs each benchmark twice, so the two can be compared."""
+    if args.saar not in SAAR_MODES:
+        raise EvalError(f"--saar must be one of {', '.join(SAAR_MODES)}, got {args.saar!r}")
+    return {"on": [True], "off": [False], "both": [False, True], "paper": [benchmark != "lcb"]}[args.saar]
+
+
+def generate(args: Args, problems: list[Problem]) -> list[dict]:
+    """Sample samples_per_problem(args, benchmark) trajectories per problem with the training rollout;
+    return one record per sample with benchmark, problem_id, sample_idx, response, num_tool_calls,
+    num_tool_errors, saar, meta (the grader adds pred, gold, correct)."""
+    import asyncio
+
+    import rollout
+    import saar
+    from data import models
+    from engine import HFEngine
+    from sandbox import Sandbox
+
+    tok = models.load_tokenizer(args.model)
+    fmt = args.tool_format
+    if not args.tools:
+        fmt = "none"
+    elif fmt == "auto":  # Qwen-style tokenizers carry a <tool_call> token; small models write fences
+        fmt = "hermes" if len(tok.encode("<tool_call>", add_special_tokens=False)) == 1 else "markdown"
+    model = models.load_model(args.model, device=args.device if args.device != "auto" else None).eval()
+    eng = HFEngine(model, tok, max_batch=args.engine_batch)
+    records = []
+    loop = asyncio.new_event_loop()
+    with Sandbox(slots=args.grade_workers, timeout_s=args.tool_timeout_s) as sb:
+        for bench in dict.fromkeys(p.meta["benchmark"] for p in problems):
+            mine = [p for p in problems if p.meta["benchmark"] == bench]
+            n = samples_per_problem(args, bench)
+            for use_saar in saar_settings(args, bench):
+                jobs = [(p, i) for p in mine for i in range(n)]
+                ids = {p.id: rollout.prompt_ids(tok, p.problem, p.task, fmt) for p in mine}
+                trajs = loop.run_until_complete(rollout.rollout_batch(
+                    eng, sb, tok, [ids[p.id] for p, _ in jobs], progress=True,
+                    seeds=[args.seed * 1_000_003 + k for k in range(len(jobs))],
+                    tool_format=fmt, max_turns=args.max_turns, max_response_tokens=args.max_new_tokens,
+                    temperature=args.temperature, top_p=args.top_p, tool_output_chars=256,
+                    saar_cfg=saar.SaarConfig() if use_saar else None, saar_p=1.0, eos_ids=eng.eos_token_ids))
+                for (p, i), tr in zip(jobs, trajs):
+                    records.append(dict(benchmark=bench, problem_id=p.id, sample_idx=i,
+                                        response=tr.final_text(tok), num_tool_calls=tr.num_tool_calls,
+                                        num_tool_errors=tr.num_tool_errors, saar=use_saar,
+                                        meta=dict(finish_reason=tr.finish_reason, response_tokens=len(tr.response_ids),
+                                                  truncated=tr.truncated, saar_events=len(tr.saar_events))))
+    loop.close()
+    eng.shutdown()
+    return records
+
+
+# ---------------------------------------------------------------------------------------------------
+# Grading and scoring
+# ---------------------------------------------------------------------------------------------------
+
+def grade_record(rec: dict, problem: Problem | None, sandbox=None, code_timeout_s: float = 6.0) -> dict:
+    """Fill in pred, gold and correct of one record (in place; also returned)."""
+    task = TASK[rec["benchmark"]]
+    if task == "math":
+        rec["pred"] = reward.extract_boxed(rec["response"])
+        rec["correct"] = rec["pred"] is not None and reward.math_equal(rec["pred"], str(rec["gold"]))
+    elif task == "gpqa":
+        rec["pred"] = reward.extract_choice(rec["response"])
+        rec["correct"] = reward.grade_gpqa(rec["response"], rec["gold"])
+    else:
+        rec["gold"] = None
+        rec["pred"] = reward.extract_code(rec["response"])
+        rec["correct"] = reward.grade_code(rec["response"], problem.tests, sandbox=sandbox, per_test_s=code_timeout_s)
+    return rec
+
+
+def grade_records(records: list[dict], problems: dict[tuple[str, str], Problem], args: Args) -> list[dict]:
+    """Grade every record; records of answer benchmarks take gold from their problem when one is given."""
+    for rec in records:
+        p = problems.get((rec["benchmark"], rec["problem_id"]))
+        if p is not None and TASK[rec["benchmark"]] != "code":
+            rec["gold"] = p.answer
+    workers = max(1, args.grade_workers)
+    code = [r for r in records if TASK[r["benchmark"]] == "code"]
+    with ThreadPoolExecutor(workers) as pool:  # math-verify runs in reward.py's worker processes
+        list(pool.map(lambda r: grade_record(r, None), [r for r in records if TASK[r["benchmark"]] != "code"]))
+    if code:
+        from sandbox import Sandbox
+        # LiveCodeBench's harness allows 4 GB; expected outputs run to megabytes and must not be cut
+        with Sandbox(slots=workers, timeout_s=args.code_timeout_s, memory_mb=4096,
+                     max_output_bytes=64 << 20) as sb, ThreadPoolExecutor(workers) as pool:
+            list(pool.map(lambda r: grade_record(r, problems[(r["benchmark"], r["problem_id"])], sb,
+                                                 args.code_timeout_s), code))
+    return records
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c are correct: 1 - C(n-c, k) / C(n, k)."""
+    if not (0 <= c <= n and 1 <= k <= n):
+        raise ValueError(f"pass_at_k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def _vote_key(benchmark: str, pred: str) -> str:
+    """Equivalent answers vote together: "033" and "33" are one vote, as are "0.5" and "\\frac12"."""
+    if TASK[benchmark] == "math":
+        v = reward._as_number(pred)
+        return str(v) if v is not None else reward._squash(pred)
+    return pred
+
+
+def maj_at_n(benchmark: str, samples: list[dict]) -> bool:
+    """Is the most common extracted answer correct? Ties go to the answer seen first; no answer is wrong."""
+    votes = Counter()
+    first: dict[str, dict] = {}
+    for rec in sorted(samples, key=lambda r: r["sample_idx"]):
+        if rec.get("pred") is None:
+            continue
+        key = _vote_key(benchmark, rec["pred"])
+        votes[key] += 1
+        first.setdefault(key, rec)
+    if not votes:
+        return False
+    best = max(votes.values())
+    winner = next(k for k in first if votes[k] == best)  # dicts keep insertion order: first seen wins ties
+    return bool(first[winner]["correct"])
+
+
+def summarize(records: list[dict]) -> dict:
+    """Per benchmark: problems, n, mean@n (= average pass@1), pass@k for k = 1, 2, 4, ..., n, maj@n
+    (answer benchmarks), tool calls per response, share of responses that call a tool, and the share
+    of tool calls that failed. n is the fewest samples any problem has (pass@k needs k <= n)."""
+    out = {}
+    for bench in [b for b in BENCHMARKS if any(r["benchmark"] == b for r in records)]:
+        settings = sorted({bool(r["saar"]) for r in records if r["benchmark"] == bench})
+        for use_saar in settings:  # one table per test-time SAAR setting
+            label = bench if len(settings) == 1 else f"{bench} saar={'on' if use_saar else 'off'}"
+            recs = [r for r in records if r["benchmark"] == bench and bool(r["saar"]) == use_saar]
+            out[label] = _summarize_one(bench, recs)
+    return out
+
+
+def _summarize_one(bench: str, recs: list[dict]) -> dict:
+    by_problem: dict[str, list[dict]] = {}
+    for r in recs:
+        by_problem.setdefault(r["problem_id"], []).append(r)
+    n = min(len(v) for v in by_problem.values())
+    ks = sorted({2 ** i for i in range(n.bit_length()) if 2 ** i <= n} | {n})
+    counts = [(len(v), sum(bool(r["correct"]) for r in v)) for v in by_problem.values()]
+    calls = sum(r["num_tool_calls"] for r in recs)
+    s = {
+        "problems": len(by_problem),
+        "n": n,
+        "mean@n": sum(c / m for m, c in counts) / len(counts),
+        "pass@k": {k: sum(pass_at_k(m, c, k) for m, c in counts) / len(counts) for k in ks},
+        "maj@n": None,
+        "tool_calls_per_response": calls / len(recs),
+        "tool_use_rate": sum(r["num_tool_calls"] > 0 for r in recs) / len(recs),
+        "tool_error_rate": (sum(r["num_tool_errors"] for r in recs) / calls) if calls else None,
+    }
+    if TASK[bench] != "code":
+        s["maj@n"] = sum(maj_at_n(bench, v) for v in by_problem.values()) / len(by_problem)
+    return s
+
+
+def format_tables(summary: dict) -> str:
+    """One small table per benchmark; accuracies in percent."""
+    lines = []
+    for bench, s in summary.items():
+        n = s["n"]
+        cols = [(f"mean@{n}", s["mean@n"])] + [(f"pass@{k}", v) for k, v in s["pass@k"].items()]
+        if s["maj@n"] is not None:
+            cols.append((f"maj@{n}", s["maj@n"]))
+        cols += [("tool-use", s["tool_use_rate"]), ("tool-err", s["tool_error_rate"])]
+        cells = [("-" if v is None else f"{100 * v:.1f}") for _, v in cols]
+        cols.append(("calls/resp", None))
+        cells.append(f"{s['tool_calls_per_response']:.2f}")
+        widths = [max(len(name), len(cell)) for (name, _), cell in zip(cols, cells)]
+        lines.append(f"{bench}: {s['problems']} problems x {n} samples")
+        lines.append("  ".join(name.rjust(w) for (name, _), w in zip(cols, widths)))
+        lines.append("  ".join(cell.rjust(w) for cell, w in zip(cells, widths)))
+        lines.append("")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Records on disk
+# ---------------------------------------------------------------------------------------------------
+
+_REQUIRED = {"benchmark": str, "problem_id": str, "sample_idx": int, "response": str,
+             "num_tool_calls": int, "num_tool_errors": int, "saar": bool}
+
+
+def read_records(path: str | Path) -> list[dict]:
+    """Read a responses JSONL, checking every line against the schema in the module docstring."""
+    path = Path(path)
+    if not path.is_file():
+        raise EvalError(f"responses file not found: {path}")
+    records, seen = [], {}
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise EvalError(f"{where}: malformed JSON line ({e.msg} at column {e.colno})") from None
+            if not isinstance(rec, dict):
+                raise EvalError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+            for key, typ in _REQUIRED.items():
+                if key not in rec:
+                    raise EvalError(f"{where}: missing field {key!r}")
+                ok = isinstance(rec[key], typ) and (typ is bool or not isinstance(rec[key], bool))
+                if not ok:
+                    raise EvalError(f"{where}: field {key!r} must be {typ.__name__}, got {type(rec[key]).__name__}")
+            if rec["benchmark"] not in BENCHMARKS:
+                raise EvalError(f"{where}: unknown benchmark {rec['benchmark']!r}; known: {', '.join(BENCHMARKS)}")
+            if TASK[rec["benchmark"]] != "code" and not isinstance(rec.get("gold"), str):
+                raise EvalError(f"{where}: field 'gold' must be a string for {rec['benchmark']}")
+            if rec["num_tool_calls"] < 0 or not 0 <= rec["num_tool_errors"] <= rec["num_tool_calls"]:
+                raise EvalError(f"{where}: need 0 <= num_tool_errors <= num_tool_calls")
+            key = (rec["benchmark"], rec["problem_id"], rec["sample_idx"])
+            if key in seen:
+                raise EvalError(f"{where}: duplicate sample {key} (first on line {seen[key]})")
+            seen[key] = lineno
+            rec.setdefault("meta", {})
+            records.append(rec)
+    if not records:
+        raise EvalError(f"{path}: no records")
+    return records
+
+
+_FIELDS = ("benchmark", "problem_id", "sample_idx", "response", "pred", "gold", "correct",
+           "num_tool_calls", "num_tool_errors", "saar", "meta")
+
+
+def write_records(records: list[dict], path: str | Path) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for rec in records:
+            f.write(json.dumps({k: rec.get(k) for k in _FIELDS}, ensure_ascii=False) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Entry points
+# ---------------------------------------------------------------------------------------------------
+
+def score(args: Args) -> dict:
+    """--score: re-grade a saved JSONL and print its tables."""
+    records = read_records(args.score)
+    lcb_ids = {r["problem_id"] for r in records if r["benchmark"] == "lcb"}
+    problems = {}
+    if lcb_ids:
+        found = load_lcb(args.lcb_dir, ids=lcb_ids)
+        problems = {("lcb", p.id): p for p in found}
+        missing = sorted(lcb_ids - {p.id for p in found})
+        if missing:
+            raise EvalError(f"{args.score}: lcb problems not found in {args.lcb_dir}: {', '.join(missing[:5])}")
+    grade_records(records, problems, args)
+    if args.out:
+        write_records(records, args.out)
+    summary = summarize(records)
+    print(format_tables(summary))
+    return summary
+
+
+def evaluate(args: Args) -> dict:
+    """Load benchmarks, generate, grade, write the JSONL, print the tables."""
+    names = parse_benchmarks(args.benchmarks)
+    problems = [p for name in names for p in load_benchmark(name, args)]  # every input error before the model loads
+    records = generate(args, problems)
+    grade_records(records, {(p.meta["benchmark"], p.id): p for p in problems}, args)
+    out = Path(args.out or REPO_ROOT / "out" / "eval" / (re.sub(r"[^\w.-]+", "_", args.model) + ".jsonl"))
+    write_records(records, out)
+    summary = summarize(records)
+    print(format_tables(summary))
+    print(f"responses: {out}")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    try:
+        return score(args) if args.score else evaluate(args)
+    except EvalError as e:
+        raise SystemExit(f"eval.py: {e}") from None
+
+
+if __name__ == "__main__":
+    main()

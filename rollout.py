@@ -1,0 +1,383 @@
+"""Multi-turn tool-calling rollouts, token-in token-out (the paper's agentic RL setting, Sec. 2).
+
+A trajectory is one growing list of token ids. The model's tokens are appended exactly as sampled
+(loss mask 1, with the engine's log-probs); tool responses and turn scaffolding are tokenized once,
+on their own, and appended with loss mask 0. The conversation is never re-templated. Each trajectory
+is an asyncio task, so the sandbox runs one trajectory's code while the engine generates for others.
+
+Tool-call formats (`tool_format`):
+  hermes    Qwen3 and the paper: <tool_call>{"name": "code_interpreter", "arguments": {"code": ...}}</tool_call>,
+            answered by a user turn wrapping <tool_response>...</tool_response> (Qwen's ChatML layout).
+  markdown  a ```python fenced block, which small models such as SmolLM2 write naturally; answered by a
+            user turn holding a ```output block.
+  none      no tool at all (the paper's no-tool baseline).
+Both tool formats assume a ChatML template (<|im_start|>/<|im_end|>), as Qwen2.5, Qwen3 and SmolLM2 use.
+
+Departures from the official veRL loop, and why:
+  * generation stops at the call's end marker (</tool_call> or the closing fence) instead of running on to
+    <|im_end|>; the scaffolding then closes the turn with <|im_end|> (mask 0). The model never has to learn
+    to end a turn after a call, and no tokens are sampled after a call that nobody reads.
+  * the "\\n" after <|im_end|> is kept, as the chat template writes it (veRL's slicing drops it).
+  * a malformed call (bad JSON, no code, unterminated block) is a tool error the model sees, and SAAR
+    can roll it back; the official code treats unparseable JSON as a final answer.
+  * tool output is stdout plus a compact traceback from sandbox.py; the official tool prints a
+    "Tool call success"/"Tool call failure" header instead. Both are cut to 256 characters in the middle.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import re
+from dataclasses import dataclass, field
+
+from engine import SamplingParams
+import saar
+
+TOOL_NAME = "code_interpreter"
+TOOL_SCHEMA = {"type": "function", "function": {
+    "name": TOOL_NAME, "description": "Run Python code and return what it prints.",
+    "parameters": {"type": "object", "properties": {"code": {"type": "string", "description": "Python code to run."}},
+                   "required": ["code"]}}}
+
+# --------------------------------------------------------------------------- prompts (one place)
+# {tool} is the per-format sentence on how to call the interpreter.
+PROMPTS = {
+    "math": ("Solve the following math problem step by step.\n\n{problem}\n\n"
+             "{tool}Use it for exact calculation and to check your work before you answer. "
+             "When you are sure, stop calling the tool and give the final answer as \\boxed{{answer}}."),
+    "code": ("Solve the following programming problem.\n\n{problem}\n\n"
+             "{tool}Use it to test your solution. When you are sure it is correct, stop calling the tool and "
+             "give your final solution in one ```python block."),
+    "gpqa": ("Answer the following multiple-choice question step by step.\n\n{problem}\n\n"
+             "{tool}Use it for exact calculation. Give the letter of the final answer as \\boxed{{X}}."),
+}
+TOOL_SENTENCE = {
+    "hermes": "You can run Python with the code_interpreter tool. ",
+    "markdown": "You can run Python: write code in a ```python block and its output will be shown to you. ",
+    "none": "",
+}
+
+
+def make_prompt(problem: str, task: str = "math", tool_format: str = "hermes") -> str:
+    if task not in PROMPTS:
+        raise ValueError(f"unknown task {task!r}; expected one of {sorted(PROMPTS)}")
+    return PROMPTS[task].format(problem=problem.strip(), tool=TOOL_SENTENCE[tool_format])
+
+
+def prompt_ids(tokenizer, problem: str, task: str = "math", tool_format: str = "hermes",
+               system: str | None = None) -> list[int]:
+    """Template the first user turn once; everything after it is appended token by token."""
+    msgs = ([{"role": "system", "content": system}] if system else []) + \
+           [{"role": "user", "content": make_prompt(problem, task, tool_format)}]
+    return list(tokenizer.apply_chat_template(msgs, tools=[TOOL_SCHEMA] if tool_format == "hermes" else None,
+                                              add_generation_prompt=True, tokenize=True, return_dict=False))
+
+
+# --------------------------------------------------------------------------- tool-call formats
+
+@dataclass
+class Call:
+    code: str | None = None       # the code to run; None when there is no call or it is malformed
+    error: str | None = None      # why a call is malformed; None for a good call or no call
+
+    @property
+    def present(self) -> bool:
+        return self.code is not None or self.error is not None
+
+
+_FENCE = re.compile(r"```(?:python|py)[ \t]*\n")
+
+
+def find_call_start(text: str, tool_format: str) -> int | None:
+    """Character offset where a call begins in a decoded turn (what SAAR splits on)."""
+    if tool_format == "hermes":
+        i = text.find("<tool_call>")
+        return None if i < 0 else i
+    if tool_format == "markdown":
+        m = _FENCE.search(text)
+        return m.start() if m else None
+    return None
+
+
+def parse_call(text: str, tool_format: str) -> Call:
+    """The first call of a turn (only one call runs per turn, as in the paper's code)."""
+    start = find_call_start(text, tool_format)
+    if start is None:
+        return Call()
+    if tool_format == "hermes":
+        end = text.find("</tool_call>", start)
+        if end < 0:
+            return Call(error="malformed tool call: <tool_call> is never closed by </tool_call>")
+        body = text[start + len("<tool_call>"):end].strip()
+        try:
+            obj = json.loads(body)
+        except json.JSONDecodeError as e:
+            return Call(error=f"malformed tool call: invalid JSON ({e.msg} at char {e.pos})")
+        if not isinstance(obj, dict):
+            return Call(error="malformed tool call: expected a JSON object with name and arguments")
+        if obj.get("name") != TOOL_NAME:
+            return Call(error=f"malformed tool call: unknown tool {obj.get('name')!r}; the tool is {TOOL_NAME}")
+        args = obj.get("arguments")
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except json.JSONDecodeError:
+                return Call(error="malformed tool call: arguments are not valid JSON")
+        code = args.get("code") if isinstance(args, dict) else None
+        if not isinstance(code, str) or not code.strip():
+            return Call(error="malformed tool call: no code in arguments")
+        return Call(code=code)
+    m = _FENCE.search(text, start)
+    end = text.find("```", m.end())
+    if end < 0:
+        return Call(error="malformed code block: the ```python block is never closed")
+    code = text[m.end():end]
+    if not code.strip():
+        return Call(error="malformed code block: the block is empty")
+    return Call(code=code)
+
+
+def stop_conditions(tokenizer, tool_format: str) -> tuple[list[int], list[str]]:
+    """(stop_token_ids, stop strings) that end a turn at the end of a call; EOS is the engine's."""
+    if tool_format == "hermes":
+        ids = tokenizer.encode("</tool_call>", add_special_tokens=False)
+        return (ids, []) if len(ids) == 1 else ([], ["</tool_call>"])
+    if tool_format == "markdown":
+        return [], ["```\n"]  # a closing fence; the opening one is ```python
+    return [], []
+
+
+def tool_turn_text(text: str, tool_format: str, ended: bool) -> str:
+    """The scaffolding around a tool result: close the assistant turn, a user turn, open the next turn."""
+    close = "" if ended else "<|im_end|>"
+    if tool_format == "hermes":
+        body = f"<tool_response>\n{text}\n</tool_response>"
+    else:
+        body = f"```output\n{text}\n```"
+    return f"{close}\n<|im_start|>user\n{body}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def truncate_middle(text: str, limit: int = 256) -> str:
+    """Cut a tool output to `limit` characters, keeping head and tail (the paper's 256, middle side)."""
+    if limit <= 0 or len(text) <= limit:
+        return text
+    half = limit // 2
+    return text[:half] + "...(truncated)..." + text[-half:]
+
+
+# --------------------------------------------------------------------------- the trajectory record
+
+@dataclass
+class ToolResult:
+    """What a tool call produced, from the sandbox or from a malformed call."""
+    ok: bool
+    error_kind: str               # sandbox.py's kinds, plus "malformed"
+    text: str                     # the full model-facing text (cut later, where it is appended)
+    exception_type: str | None = None
+
+    @classmethod
+    def from_exec(cls, r, error_format: str = "full"):
+        text = r.text
+        if error_format == "last_line" and not r.ok:
+            text = getattr(r, "last_line", None) or (text.strip().splitlines() or [""])[-1]
+        return cls(ok=r.ok, error_kind=r.error_kind, text=text if text.strip() else "[no output]",
+                   exception_type=r.exception_type)
+
+
+@dataclass
+class Trajectory:
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)      # 1 where the policy sampled the token
+    logprobs: list[float] = field(default_factory=list)     # rollout log-prob (0.0 where mask is 0)
+    is_weight: list[float] | None = None                    # SAAR importance weights (only with is_mode="token")
+    turns: list[dict] = field(default_factory=list)         # calls left in the final sequence, with results
+    saar: bool = False                                      # did this trajectory draw SAAR
+    saar_events: list[dict] = field(default_factory=list)
+    finish_reason: str = ""                                 # answer | length | max_turns | max_tool_calls
+    truncated: bool = False                                 # hit the response budget (overlong penalty)
+    num_tool_calls: int = 0                                 # executions, rolled-back ones included
+    num_tool_errors: int = 0
+    meta: dict = field(default_factory=dict)
+    text: str = ""                                          # decoded response, for logs
+
+    def extend(self, ids, mask: int, logprobs=None, is_weight=None):
+        n = len(ids)
+        self.response_ids += list(ids)
+        self.loss_mask += [mask] * n
+        self.logprobs += list(logprobs) if logprobs is not None else [0.0] * n
+        if self.is_weight is not None:
+            self.is_weight += list(is_weight) if is_weight is not None else [1.0] * n
+        assert len(self.logprobs) == len(self.response_ids), "logprobs must match the tokens"
+
+    def truncate(self, n: int):
+        """Drop everything after response position n (SAAR's restore)."""
+        del self.response_ids[n:], self.loss_mask[n:], self.logprobs[n:]
+        if self.is_weight is not None:
+            del self.is_weight[n:]
+
+    def final_text(self, tokenizer) -> str:
+        """The last assistant turn: the sampled tokens after the last tool response (what is graded)."""
+        i = len(self.loss_mask)
+        while i > 0 and self.loss_mask[i - 1] == 1:
+            i -= 1
+        return tokenizer.decode(self.response_ids[i:], skip_special_tokens=True)
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in self.__dict__.items()}
+
+
+# --------------------------------------------------------------------------- the loop
+
+class Runner:
+    """One trajectory's access to the engine, the tool and the tokenizer (what SAAR calls back into)."""
+
+    def __init__(self, engine, sandbox, tokenizer, *, tool_format, temperature, top_p, top_k, max_turn_tokens,
+                 max_tool_calls, tool_output_chars, error_format, stateful, seed, eos_ids):
+        self.engine, self.tokenizer, self.tool_format = engine, tokenizer, tool_format
+        self.session = sandbox.session() if (stateful and sandbox is not None) else None
+        self.sandbox = sandbox
+        self.sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k)
+        self.stop_ids, self.stop_strs = stop_conditions(tokenizer, tool_format)
+        self.max_turn_tokens, self.max_tool_calls = max_turn_tokens, max_tool_calls
+        self.tool_output_chars, self.error_format = tool_output_chars, error_format
+        self.seed, self.n_gen, self.eos_ids = seed, 0, set(eos_ids)
+        self.calls, self.errors, self.left = 0, 0, 0
+        self.turn = 0
+
+    async def generate(self, full_ids: list[int]):
+        # per-trajectory seeds: what a trajectory samples can't depend on what else is in flight
+        seed = None if self.seed is None else (self.seed * 1_000_003 + self.n_gen) % (2**63)
+        self.n_gen += 1
+        cap = self.left if self.max_turn_tokens is None else min(self.left, self.max_turn_tokens)
+        cap = min(cap, getattr(self.engine, "max_len", 1 << 62) - len(full_ids))  # the model's context window
+        p = SamplingParams(max_new_tokens=max(cap, 1), stop_token_ids=list(self.stop_ids), stop=list(self.stop_strs),
+                           seed=seed, **self.sampling)
+        return await self.engine.generate(full_ids, p)
+
+    async def score(self, full_ids: list[int], start: int) -> list[float]:
+        return await self.engine.score(full_ids, start)
+
+    def parse(self, turn_ids: list[int]) -> Call:
+        return parse_call(self.tokenizer.decode(turn_ids, skip_special_tokens=False), self.tool_format)
+
+    def can_call(self) -> bool:
+        return self.calls < self.max_tool_calls
+
+    async def execute(self, call: Call) -> ToolResult:
+        self.calls += 1
+        if call.error is not None:
+            r = ToolResult(ok=False, error_kind="malformed", text=call.error)
+        else:
+            target = self.session if self.session is not None else self.sandbox
+            r = ToolResult.from_exec(await target.arun(call.code), self.error_format)
+        self.errors += not r.ok
+        return r
+
+    def ended(self, turn_ids: list[int]) -> bool:
+        return bool(turn_ids) and turn_ids[-1] in self.eos_ids
+
+    def truncate(self, text: str) -> str:
+        return truncate_middle(text, self.tool_output_chars)
+
+    def tool_turn_ids(self, text: str, ended: bool) -> list[int]:
+        return self.tokenizer.encode(tool_turn_text(text, self.tool_format, ended), add_special_tokens=False)
+
+    def close(self):
+        if self.session is not None:
+            self.session.close()
+
+
+async def rollout_one(engine, sandbox, tokenizer, prompt: list[int], *, tool_format: str = "hermes",
+                      max_turns: int = 16, max_response_tokens: int = 20480, max_turn_tokens: int | None = None,
+                      max_tool_calls: int = 30, tool_output_chars: int = 256, error_format: str = "full",
+                      stateful: bool = False, temperature: float = 1.0, top_p: float = 1.0, top_k: int = -1,
+                      saar_cfg: saar.SaarConfig | None = None, saar_p: float = 0.0, seed: int | None = None,
+                      eos_ids=(), meta: dict | None = None) -> Trajectory:
+    """Roll out one trajectory: generate, call the tool, append its result, until an answer or a cap."""
+    traj = Trajectory(prompt_ids=list(prompt), meta=dict(meta or {}))
+    # curriculum mixing: each trajectory draws SAAR with probability p (seeded per trajectory)
+    traj.saar = saar_cfg is not None and random.Random(seed).random() < saar_p
+    state = saar.SaarState(on=traj.saar, events=traj.saar_events)
+    if traj.saar and saar_cfg.is_mode == "token":
+        traj.is_weight = []
+    eos = set(eos_ids) or {tokenizer.eos_token_id}
+    run = Runner(engine, sandbox, tokenizer, tool_format=tool_format, temperature=temperature, top_p=top_p,
+                 top_k=top_k, max_turn_tokens=max_turn_tokens, max_tool_calls=max_tool_calls,
+                 tool_output_chars=tool_output_chars, error_format=error_format, stateful=stateful, seed=seed,
+                 eos_ids=eos)
+
+    async def handle_turn(start: int, gen_finish: str) -> str | None:
+        """Process the assistant turn at response_ids[start:]: None to go on, else a finish reason."""
+        call = run.parse(traj.response_ids[start:])
+        budget_hit = len(traj.response_ids) >= max_response_tokens
+        if not call.present:
+            traj.truncated = budget_hit and gen_finish == "length"
+            return "length" if traj.truncated else "answer"
+        if budget_hit:
+            traj.truncated = True
+            return "length"
+        if not run.can_call():
+            return "max_tool_calls"
+        result = await run.execute(call)
+        note = ""
+        if not result.ok and state.on:
+            out = await saar.retry_failed_call(traj, start, result, cfg=saar_cfg, state=state, run=run)
+            if out.next_turn is not None:  # the failed turn stays and a regenerated turn follows it
+                _record(traj, out.failed_start, out.failed_result, run)
+                return await handle_turn(out.next_turn, out.next_finish)
+            result, note = out.result, out.note
+        _record(traj, start, result, run)
+        tool = run.tool_turn_ids(run.truncate(result.text) + note, run.ended(traj.response_ids[start:]))
+        if len(traj.response_ids) + len(tool) >= max_response_tokens:
+            traj.truncated = True  # no room left for the result, let alone an answer
+            return "length"
+        traj.extend(tool, mask=0)
+        return None
+
+    try:
+        finish = "max_turns"
+        for turn in range(max_turns):
+            run.turn = turn
+            run.left = max_response_tokens - len(traj.response_ids)
+            if run.left <= 0:
+                traj.truncated, finish = True, "length"
+                break
+            out = await run.generate(traj.prompt_ids + traj.response_ids)
+            start = len(traj.response_ids)
+            traj.extend(out.token_ids, mask=1, logprobs=out.logprobs)
+            done = await handle_turn(start, out.finish_reason)
+            if done is not None:
+                finish = done
+                break
+    finally:
+        run.close()
+    traj.finish_reason = finish
+    traj.num_tool_calls, traj.num_tool_errors = run.calls, run.errors
+    traj.text = tokenizer.decode(traj.response_ids, skip_special_tokens=False)
+    return traj
+
+
+def _record(traj: Trajectory, start: int, result: ToolResult, run: Runner):
+    traj.turns.append(dict(turn=run.turn, start=start, ok=result.ok, error_kind=result.error_kind,
+                           exception_type=result.exception_type, output=run.truncate(result.text)))
+
+
+async def rollout_batch(engine, sandbox, tokenizer, prompts: list[list[int]], *, seeds: list[int | None] | None = None,
+                        metas: list[dict] | None = None, progress: bool = False, **kw) -> list[Trajectory]:
+    """Roll out all prompts concurrently (one asyncio task each); results keep the input order."""
+    seeds = seeds or [None] * len(prompts)
+    metas = metas or [{}] * len(prompts)
+    tasks = [asyncio.ensure_future(rollout_one(engine, sandbox, tokenizer, p, seed=s, meta=m, **kw))
+             for p, s, m in zip(prompts, seeds, metas)]
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=len(tasks), desc="rollout", leave=False)
+        for t in tasks:
+            t.add_done_callback(lambda _: bar.update(1))
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        if progress:
+            bar.close()

@@ -1,0 +1,194 @@
+"""SAAR: Similarity-Aware Adaptive Rollback (the paper's Sec. 3, Open-CLEANER's `#CLEANER` code).
+
+When a tool call fails, the rollout (rollout.py) hands the trajectory to `retry_failed_call`:
+  1. snapshot the trajectory up to and including the failed assistant turn;
+  2. append the error text (already cut to 256 characters) as a tool turn, loss mask 0;
+  3. regenerate one assistant turn from there with the same sampling params (so the prefix is cached);
+  4. split the old and the new turn at the token where the call begins (`split_turn`);
+  5. `similarity` on the decoded call segments: >= gamma -> shallow (old reasoning + new call),
+     otherwise, or when a turn can't be split -> deep (the new turn whole) (`replace_turn`);
+  6. restore the snapshot with the replacement in place of the failed turn, so the error and the retry
+     vanish from the sequence, and execute the corrected call; repeat up to `max_retries` per turn;
+  7. give up when retries run out: keep the last failed attempt, its error and (after >= 2 retries) a note
+     to try another approach, and turn SAAR off for the rest of the trajectory. A regenerated turn with
+     no call (the model answered) is kept as it is, after the error, and SAAR turns off too.
+Curriculum mixing (each trajectory uses SAAR with probability p) is drawn in rollout.py.
+
+Faithful to the official code by default: similarity on the decoded call text (`<tool_call>...` through
+the end of the turn, JSON wrapper included), gamma 0.5 with shallow iff sim >= gamma, 3 retries per turn,
+the raw error as feedback, no importance correction. Departures, all flags:
+  * `sim_on="code"` compares the extracted code instead (the paper's text says code);
+  * `feedback_instruction` appends an explicit "fix the error" line to the feedback;
+  * `is_mode` adds an importance correction for replaced tokens, which were sampled with the error in
+    context but are trained as if on the clean context: "token" keeps a truncated per-token weight
+    pi(clean)/pi(sampled) for the loss; "gate" keeps the error (no replacement) when the sequence-level
+    ratio over the replaced tokens falls below `is_gate`. Both need `engine.score` on the purified context;
+  * the split position is found on token boundaries by decoding prefixes (binary search instead of the
+    official linear scan: the same boundary, O(log n) decodes).
+"""
+from __future__ import annotations
+
+import difflib
+import math
+from dataclasses import dataclass, field
+
+import rollout  # the call parsers; rollout imports this module too, so names are looked up at call time
+
+GIVE_UP_NOTE = ("\n\nNote: this approach has failed {n} times in a row. "
+                "Consider a different algorithm, method or approach.")
+FIX_INSTRUCTION = "\nThe tool call above failed. Fix the error and call the tool again."
+
+
+# --------------------------------------------------------------------------- pure parts
+
+def similarity(old: str, new: str) -> float:
+    """difflib's ratio, exactly as the official code computes it (autojunk left on)."""
+    return difflib.SequenceMatcher(None, old, new).ratio()
+
+
+def split_turn(turn_ids: list[int], *, tokenizer, tool_format: str = "hermes") -> int | None:
+    """Index of the first token of the call: turn_ids[:k] is the reasoning, turn_ids[k:] the call.
+
+    The split falls on a token boundary: k is the longest prefix whose decoded text ends at or before the
+    call marker. If the marker shares a token with the reasoning before it, that token goes to the call.
+    """
+    text = tokenizer.decode(turn_ids, skip_special_tokens=False)
+    off = rollout.find_call_start(text, tool_format)
+    if off is None:
+        return None
+    lo, hi = 0, len(turn_ids)  # find the largest k with len(decode(ids[:k])) <= off
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if len(tokenizer.decode(turn_ids[:mid], skip_special_tokens=False)) <= off:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+@dataclass
+class Replacement:
+    ids: list[int]
+    kind: str                 # "shallow" or "deep"
+    similarity: float         # NaN when a turn could not be split
+    keep: int                 # how many leading tokens of ids come from the old turn (0 for deep)
+
+
+def replace_turn(old_turn_ids: list[int], new_turn_ids: list[int], *, tokenizer, gamma: float = 0.5,
+                 tool_format: str = "hermes", sim_on: str = "call") -> Replacement:
+    """Choose shallow (old reasoning + new call) or deep (new turn whole) replacement. Pure."""
+    k_old = split_turn(old_turn_ids, tokenizer=tokenizer, tool_format=tool_format)
+    k_new = split_turn(new_turn_ids, tokenizer=tokenizer, tool_format=tool_format)
+    if k_old is None or k_new is None:
+        return Replacement(list(new_turn_ids), "deep", float("nan"), 0)
+    old_call = tokenizer.decode(old_turn_ids[k_old:], skip_special_tokens=False)
+    new_call = tokenizer.decode(new_turn_ids[k_new:], skip_special_tokens=False)
+    if sim_on == "code":
+        old_call = rollout.parse_call(old_call, tool_format).code or ""
+        new_call = rollout.parse_call(new_call, tool_format).code or ""
+    elif sim_on != "call":
+        raise ValueError(f"sim_on must be 'call' or 'code', got {sim_on!r}")
+    sim = similarity(old_call, new_call)
+    if sim >= gamma:
+        return Replacement(list(old_turn_ids[:k_old]) + list(new_turn_ids[k_new:]), "shallow", sim, k_old)
+    return Replacement(list(new_turn_ids), "deep", sim, 0)
+
+
+# --------------------------------------------------------------------------- the rollback loop
+
+@dataclass
+class SaarConfig:
+    gamma: float = 0.5
+    max_retries: int = 3            # regenerations per turn position
+    sim_on: str = "call"            # "call" (official code) or "code" (paper text)
+    feedback_instruction: bool = False
+    is_mode: str = "none"           # "none" | "token" | "gate"
+    is_cap: float = 2.0             # truncation of the per-token weight ("token")
+    is_gate: float = 0.1            # minimum sequence-level ratio to accept a replacement ("gate")
+
+
+@dataclass
+class SaarState:
+    """Per-trajectory SAAR state: on/off and the event log."""
+    on: bool
+    events: list[dict] = field(default_factory=list)
+
+
+@dataclass
+class Outcome:
+    """What `retry_failed_call` left behind.
+
+    Either the turn at the failed position now holds a call whose final `result` is given (with a
+    give-up `note` when SAAR gave up), or the failed turn and its error stayed and a regenerated turn
+    starts at `next_turn`, to be processed as an ordinary turn.
+    """
+    result: object = None
+    note: str = ""
+    next_turn: int | None = None
+    next_finish: str = ""
+    failed_start: int = 0
+    failed_result: object = None
+
+
+async def retry_failed_call(traj, start: int, result, *, cfg: SaarConfig, state: SaarState, run) -> Outcome:
+    """Purify the failed call in the turn at traj.response_ids[start:] (its result not yet appended).
+
+    `run` is the rollout's per-trajectory rollout.Runner: generate, score, parse, execute, tokenizer,
+    the tool-turn scaffolding and the tool-call budget.
+    """
+    retries = 0
+    while True:
+        if retries >= cfg.max_retries or not run.can_call():
+            state.on = False  # give up: keep the last failed attempt and its error
+            state.events.append(dict(turn=run.turn, kind="given_up", similarity=None, retry=retries,
+                                     error_kind=result.error_kind))
+            return Outcome(result=result, note=GIVE_UP_NOTE.format(n=retries + 1) if retries >= 2 else "")
+        # snapshot = the trajectory up to and including the failed turn; restoring is truncating to `start`
+        old_turn, old_logp = traj.response_ids[start:], traj.logprobs[start:]
+        old_isw = traj.is_weight[start:] if traj.is_weight is not None else None
+        feedback = run.truncate(result.text) + (FIX_INSTRUCTION if cfg.feedback_instruction else "")
+        fb = run.tool_turn_ids(feedback, run.ended(old_turn))
+        traj.extend(fb, mask=0)
+        next_turn = len(traj.response_ids)
+        left = run.left
+        run.left = left - len(fb) - len(old_turn)  # room if the error and the new turn both stay
+        new = await run.generate(traj.prompt_ids + traj.response_ids)
+        run.left = left
+        retries += 1
+        if not run.parse(new.token_ids).present:
+            # the model answered instead of calling again: keep the error and the answer; SAAR off
+            traj.extend(new.token_ids, mask=1, logprobs=new.logprobs)
+            state.on = False
+            state.events.append(dict(turn=run.turn, kind="answered", similarity=None, retry=retries,
+                                     error_kind=result.error_kind))
+            return Outcome(next_turn=next_turn, next_finish=new.finish_reason, failed_start=start,
+                           failed_result=result)
+        rep = replace_turn(old_turn, new.token_ids, tokenizer=run.tokenizer, gamma=cfg.gamma,
+                           tool_format=run.tool_format, sim_on=cfg.sim_on)
+        n_new = len(rep.ids) - rep.keep
+        # kept reasoning keeps its log-probs (sampled on the clean context); new tokens keep theirs
+        # (sampled with the error in context)
+        new_logp = list(old_logp[:rep.keep]) + list(new.logprobs[len(new.token_ids) - n_new:])
+        isw = None
+        if cfg.is_mode != "none":
+            purified = traj.prompt_ids + traj.response_ids[:start] + rep.ids
+            clean = await run.score(purified, len(traj.prompt_ids) + start + rep.keep)
+            log_ratio = [c - s for c, s in zip(clean, new_logp[rep.keep:])]
+            seq_ratio = math.exp(min(sum(log_ratio), 50.0))
+            if cfg.is_mode == "gate" and seq_ratio < cfg.is_gate:
+                # too unlikely on the clean context: keep the error and let the new turn follow it, which
+                # is what a raw rollout would have produced; SAAR stays on for later turns
+                traj.extend(new.token_ids, mask=1, logprobs=new.logprobs)
+                state.events.append(dict(turn=run.turn, kind="gated", similarity=rep.similarity, retry=retries,
+                                         error_kind=result.error_kind, seq_ratio=seq_ratio))
+                return Outcome(next_turn=next_turn, next_finish=new.finish_reason, failed_start=start,
+                               failed_result=result)
+            if cfg.is_mode == "token" and old_isw is not None:
+                isw = list(old_isw[:rep.keep]) + [min(math.exp(x), cfg.is_cap) for x in log_ratio]
+        traj.truncate(start)  # restore the snapshot: the error and the failed call vanish
+        traj.extend(rep.ids, mask=1, logprobs=new_logp, is_weight=isw)
+        state.events.append(dict(turn=run.turn, kind=rep.kind, similarity=rep.similarity, retry=retries,
+                                 error_kind=result.error_kind))
+        result = await run.execute(run.parse(rep.ids))
+        if result.ok:
+            return Outcome(result=result)

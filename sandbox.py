@@ -1,0 +1,1460 @@
+"""
+Contained, fast execution of model-written Python: the code-interpreter tool of CLEANER.
+
+In CLEANER (Xu, Chen, Li, 2026) the policy writes Python inside its reasoning, the environment runs
+it and shows the output or the error back to the model, and SAAR later rewrites the failed calls.
+The paper runs code in an external sandbox service. Here it runs locally, in a pool of warm
+processes, because an RL step makes thousands of calls and most of the cost of a naive sandbox is
+starting Python (about 70 ms with numpy, 320 ms with sympy). nanochat's execution.py has the same
+job; we keep its plain tone, but not its design (a multiprocessing.Process per call, os functions
+patched to None). Nothing here is copied from it.
+
+How it works
+- One zygote per slot: a clean `python -s -P sandbox.py --zygote`, started with subprocess (never by
+  forking the trainer, which may hold torch threads), that has imported numpy and sympy with one
+  BLAS thread and run a short warm-up. It speaks length-prefixed JSON over its stdin/stdout.
+- `run(code)` (stateless): the zygote forks a child, the child drops privileges and exec()s the
+  code in a fresh namespace. The zygote drains stdout/stderr (keeping head and tail), enforces the
+  wall-clock timeout and the output-flood limit with SIGKILL, then kills whatever the code left
+  running and wipes the scratch dir. Time spent waiting for a free slot does not count.
+- `session()` (stateful, like a Jupyter kernel): the zygote forks a holder process that keeps the
+  namespace; it is the checkpoint. Ahead of each cell the holder forks a runner that waits for the
+  cell, so no fork sits between a request and the code. If the cell succeeds the runner becomes
+  the holder and the old one is killed; if it fails the runner is killed and the holder is
+  untouched, so a failed, timed-out or crashed cell leaves the state as it was.
+  `session(rollback=False)` keeps what a cell did before it raised (Jupyter-style); a timeout or a
+  crash still rolls back, since the process that held those effects is gone. Idle holders stop
+  themselves, so threads of idle sessions do not run. Session cells are named `<cell N>` in
+  tracebacks and echo the value of a final expression like Jupyter; stateless runs are scripts.
+- Results: `ExecResult.text` is what the model sees: stdout, stderr, then a compact traceback
+  (frames of the cell, the innermost library frame with a short path, repeats collapsed, about 20
+  lines at most). Timeouts, memory, output floods and crashes are one line each. `short_text` has
+  only the last line of the error, for ablations. A failure of the sandbox itself is retried once
+  and then reported as `sandbox_internal`, never as an error of the code.
+
+What is covered (layers used when available; `Sandbox.layers` lists the active ones)
+- bwrap: bubblewrap with private network, pid, ipc and uts namespaces, a read-only root, a private
+  size-capped /tmp holding the scratch dirs, and a fresh /dev and /proc. Directories that an
+  unprivileged uid cannot enter (e.g. /root holding a pyenv Python) are masked with an empty tmpfs
+  and only the interpreter's own directories are re-exposed, read-only.
+- netns / seccomp: without bwrap, root unshares a network namespace (no interfaces up); otherwise
+  a seccomp filter refuses socket() for every family except AF_UNIX, and io_uring.
+- uid: as root, code runs under an unprivileged uid per slot and per session (RLIMIT_NPROC is not
+  enforced for root), with no_new_privs, so it cannot signal or ptrace other slots, the zygote or
+  the trainer, nor write anything it does not own.
+- rlimits: address space (preloaded libraries plus memory_mb), CPU (a backstop for the wall-clock
+  kill), file size, open files, processes (with a uid), core dumps off.
+- a scrubbed environment (no secrets from the trainer), stdin from /dev/null unless given.
+- the zygote is a child subreaper: setsid and double-fork escapees are reparented to it and killed
+  after every execution; fork bombs are capped by the uid's RLIMIT_NPROC and killed the same way.
+
+What is not covered
+- Kernel exploits: this is namespaces, uids, rlimits and seccomp, not a VM (gVisor/Firecracker).
+- Without bwrap: the filesystem is the host's. A slot uid cannot write root-owned files, but it can
+  write world-writable places (/tmp, /dev/shm, /var/tmp), read world-readable files, and cannot
+  import modules not preloaded from directories it cannot enter (e.g. /root/.pyenv).
+- Without root and without bwrap: no uid separation, so code can signal or read other processes
+  of the same user (including the trainer), kill its own zygote (the pool respawns it) and fork
+  without a process cap; escapees survive if the zygote itself is killed.
+- Memory is an address-space limit, not a cgroup: it bounds each process, not a tree of them.
+- Scratch files of a session persist across its cells and are not rolled back with a failed cell;
+  threads started in a cell do not survive into the next cell (each cell is a new process).
+- `ok` follows the process: `sys.exit(0)` and `os._exit(0)` count as success. Graders that must
+  know the tests ran to the end should print a sentinel after them and check stdout.
+"""
+
+import ast
+import asyncio
+import ctypes
+import fcntl
+import functools
+import gc
+import itertools
+import json
+import linecache
+import os
+import random
+import resource
+import select
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import types
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+ERROR_KINDS = ("none", "exception", "syntax", "timeout", "memory", "output_limit", "crash", "sandbox_internal")
+THIS_FILE = os.path.abspath(__file__)
+UIDS_PER_SANDBOX = 10_000  # one uid per slot, the rest recycled for sessions
+NPROC_LIMIT = 128  # processes + threads per uid: room for a Pool, not for a fork bomb
+NOFILE_LIMIT = 512
+WATCHDOG_GRACE_S = 30.0  # a zygote that misses timeout + this is hung (it never should be)
+START_TIMEOUT_S = 180.0  # a zygote imports numpy + sympy; slow on a loaded 2-core machine
+
+
+@dataclass
+class ExecResult:
+    ok: bool
+    stdout: str  # head and tail, with "... [N bytes cut] ..." in between when long
+    stderr: str
+    error_kind: str  # one of ERROR_KINDS
+    exception_type: str | None  # e.g. "ZeroDivisionError", for exception/syntax/memory
+    duration_s: float  # wall time of the execution itself, not of waiting for a slot
+    text: str  # what the model is shown: output, then the compact error
+    short_text: str = ""  # the same with only the last line of the error (ablations)
+    error_line: str = ""  # the last line of the error alone, "" when ok
+    bytes_cut: int = 0  # bytes dropped from the middle of stdout + stderr
+
+
+# -----------------------------------------------------------------------------
+# Framing shared by the trainer and the zygotes: 4-byte big-endian length, then JSON.
+
+def _write_frame(fd: int, obj) -> None:
+    data = json.dumps(obj).encode()
+    view = memoryview(struct.pack(">I", len(data)) + data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _read_exact(fd: int, n: int, deadline: float | None) -> bytes:
+    buf = bytearray()
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    while len(buf) < n:
+        if deadline is not None:
+            wait = deadline - time.monotonic()
+            if wait <= 0 or not poller.poll(wait * 1000 + 1):
+                raise TimeoutError("no answer from the sandbox worker")
+        chunk = os.read(fd, min(n - len(buf), 1 << 20))
+        if not chunk:
+            raise EOFError("sandbox worker closed its pipe")
+        buf += chunk
+    return bytes(buf)
+
+
+def _read_frame(fd: int, deadline: float | None = None):
+    (n,) = struct.unpack(">I", _read_exact(fd, 4, deadline))
+    return json.loads(_read_exact(fd, n, deadline))
+
+
+# -----------------------------------------------------------------------------
+# Trainer side: the pool, the public API and the model-facing text.
+
+@dataclass
+class _Worker:
+    index: int
+    uid: int | None
+    proc: subprocess.Popen | None = None
+    busy: bool = False
+    generation: int = 0  # bumped on every respawn: sessions on older generations are lost
+    layers: list = field(default_factory=list)
+    n_sessions: int = 0
+    last_used: int = 0
+    pending_closes: list = field(default_factory=list)  # (sid, uid) closed while the worker was busy
+
+
+class Sandbox:
+    """A pool of warm zygotes running model-written Python. See the module docstring."""
+
+    def __init__(self, slots: int | None = None, timeout_s: float = 4.0, memory_mb: int = 1024,
+                 max_output_bytes: int = 65536, flood_bytes: int = 4_000_000, scratch_mb: int = 512,
+                 use_bwrap: bool = True, use_netns: bool = True, use_uid: bool = True,
+                 max_threads: int = 64):
+        """slots: zygotes, i.e. cells executing at once (default: the core count).
+        timeout_s: wall-clock limit per call (per-call `timeout_s=` overrides it).
+        memory_mb: address space a call may add on top of the preloaded libraries.
+        max_output_bytes: stdout and stderr each keep this many bytes (half head, half tail).
+        flood_bytes: a call printing more than this in total is killed (kind output_limit).
+        scratch_mb: size of the private /tmp (bwrap) and largest file a call may write.
+        use_bwrap / use_netns / use_uid: allow that layer when available (False forces the
+        weaker fallbacks, for tests). max_threads: threads serving arun() callers."""
+        if timeout_s <= 0 or memory_mb <= 0 or max_output_bytes < 2 or flood_bytes <= 0 or scratch_mb <= 0:
+            raise ValueError("Sandbox: timeout_s, memory_mb, flood_bytes, scratch_mb must be > 0 and max_output_bytes >= 2")
+        self.slots = int(slots or os.cpu_count() or 1)
+        self.timeout_s = float(timeout_s)
+        self.memory_mb = int(memory_mb)
+        self.max_output_bytes = int(max_output_bytes)
+        self.flood_bytes = max(int(flood_bytes), self.max_output_bytes)
+        self.scratch_mb = int(scratch_mb)
+        self._closed = False
+        self._cond = threading.Condition()
+        self._sids = itertools.count()
+        self._ticks = itertools.count()
+        uid_base = None
+        if use_uid and os.geteuid() == 0:
+            # Random per Sandbox so two trainers on one machine never share uids (nor NPROC counts).
+            uid_base = 10_000_000 + random.randrange(100_000) * UIDS_PER_SANDBOX
+            self._free_uids = list(range(uid_base + UIDS_PER_SANDBOX - 1, uid_base + self.slots - 1, -1))
+        self._bwrap = _bwrap_argv(self.scratch_mb) if use_bwrap else None
+        self._root = None
+        if self._bwrap is None:
+            self._root = tempfile.mkdtemp(prefix="cleaner-sandbox-")
+            os.chmod(self._root, 0o711)  # slot uids may enter, not list
+        self._use_netns = use_netns
+        self._env = _clean_env("/tmp" if self._bwrap else self._root)
+        self._workers = [_Worker(i, None if uid_base is None else uid_base + i) for i in range(self.slots)]
+        self._executor = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="sandbox")
+        self._finalizer = weakref.finalize(self, _shutdown, self._workers, self._root, self._executor)
+        try:
+            for w in self._workers:
+                self._spawn(w)
+            for w in self._workers:
+                self._await_ready(w)
+        except BaseException:
+            self.close()
+            raise
+        self.layers = list(self._workers[0].layers)
+
+    # ---- public API
+
+    def run(self, code: str, *, timeout_s: float | None = None, stdin: str | None = None) -> ExecResult:
+        """Run `code` in a fresh namespace and process. Never raises for anything the code does."""
+        timeout = self._timeout(code, timeout_s, stdin)
+        req = {"op": "run", "code": code, "timeout": timeout, "stdin": stdin}
+        resp, deaths = None, 0
+        for _ in range(2):  # one retry of the sandbox's own failures
+            w = self._acquire(None)
+            try:
+                resp = self._request(w, req, timeout)
+            finally:
+                self._release(w)
+            if resp is None:
+                deaths += 1
+            elif resp["kind"] != "sandbox_internal":
+                break
+        if resp is None and deaths == 2:
+            # The worker died under this code twice running: the code kills its own sandbox
+            # (possible only without a separate uid), which is the code's failure, not ours.
+            resp = {"kind": "crash", "detail": "the code killed the sandbox process running it"}
+        return self._result(resp, timeout)
+
+    async def arun(self, code: str, *, timeout_s: float | None = None, stdin: str | None = None) -> ExecResult:
+        """`run` for asyncio callers: the event loop keeps generating while the code runs."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, functools.partial(self.run, code, timeout_s=timeout_s, stdin=stdin))
+
+    def session(self, rollback: bool = True) -> "Session":
+        """A stateful session. rollback=False keeps partial effects of cells that raise."""
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("Sandbox is closed")
+            w = min(self._workers, key=lambda w: w.n_sessions)
+            w.n_sessions += 1
+            uid = self._free_uids.pop() if self._workers[0].uid is not None else None
+        return Session(self, next(self._sids), w.index, uid, rollback)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._finalizer()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ---- pool plumbing
+
+    def _timeout(self, code, timeout_s, stdin) -> float:
+        if not isinstance(code, str):
+            raise TypeError(f"Sandbox.run: code must be str, got {type(code).__name__}")
+        if stdin is not None and not isinstance(stdin, str):
+            raise TypeError(f"Sandbox.run: stdin must be str or None, got {type(stdin).__name__}")
+        timeout = self.timeout_s if timeout_s is None else float(timeout_s)
+        if timeout <= 0:
+            raise ValueError(f"Sandbox.run: timeout_s must be > 0, got {timeout_s}")
+        return timeout
+
+    def _acquire(self, index: int | None) -> _Worker:
+        with self._cond:
+            while True:
+                if self._closed:
+                    raise RuntimeError("Sandbox is closed")
+                free = [w for w in self._workers if not w.busy and (index is None or w.index == index)]
+                if free:
+                    # Leave session-heavy workers to their sessions, then round-robin.
+                    w = min(free, key=lambda w: (w.n_sessions, w.last_used))
+                    w.busy = True
+                    w.last_used = next(self._ticks)
+                    return w
+                self._cond.wait()
+
+    def _release(self, w: _Worker) -> None:
+        while True:
+            with self._cond:
+                closes, w.pending_closes = w.pending_closes, []
+                if not closes or self._closed:
+                    w.busy = False
+                    self._cond.notify_all()
+                    return
+            for sid, uid in closes:
+                self._close_session(w, sid, uid)
+
+    def _close_session(self, w: _Worker, sid: int, uid: int | None) -> None:
+        self._request(w, {"op": "close", "sid": sid}, 0.0)
+        with self._cond:
+            w.n_sessions -= 1
+            if uid is not None:
+                self._free_uids.append(uid)
+
+    def _spawn(self, w: _Worker) -> None:
+        # Not -I: its -E would drop PYTHONMALLOC. The environment is ours, built from scratch.
+        argv = (self._bwrap or []) + [sys.executable, "-s", "-P", "-B", THIS_FILE, "--zygote"]
+        w.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self._env, bufsize=0,
+                                  cwd="/" if self._bwrap else self._root, start_new_session=True, close_fds=True)
+        cfg = {"bwrap": self._bwrap is not None, "use_netns": self._use_netns, "uid": w.uid,
+               "root": "/tmp" if self._bwrap else os.path.join(self._root, f"w{w.index}"),
+               "memory_mb": self.memory_mb, "keep": self.max_output_bytes, "flood": self.flood_bytes,
+               "fsize": self.scratch_mb << 20}
+        _write_frame(w.proc.stdin.fileno(), cfg)
+
+    def _await_ready(self, w: _Worker) -> None:
+        try:
+            ready = _read_frame(w.proc.stdout.fileno(), time.monotonic() + START_TIMEOUT_S)
+        except (EOFError, TimeoutError, OSError) as e:
+            raise RuntimeError(f"sandbox worker {w.index} failed to start ({e}); its stderr is above") from None
+        w.layers = ready["layers"]
+
+    def _respawn(self, w: _Worker) -> bool:
+        _stop_worker(w, grace_s=0.0)
+        w.generation += 1
+        with self._cond:
+            if self._closed:
+                return False
+        try:
+            self._spawn(w)
+            self._await_ready(w)
+            return True
+        except (RuntimeError, OSError):
+            _stop_worker(w, grace_s=0.0)
+            return False
+
+    def _revive(self, w: _Worker) -> bool:
+        """Respawn a zygote that died while idle (an idle zygote never writes: readable means EOF)."""
+        if w.proc is not None:
+            poller = select.poll()
+            poller.register(w.proc.stdout.fileno(), select.POLLIN)
+            if not poller.poll(0):
+                return True
+        return self._respawn(w)
+
+    def _request(self, w: _Worker, msg: dict, timeout: float) -> dict | None:
+        """One request/answer with the zygote. None when it died or hung (it is then respawned)."""
+        if not self._revive(w):
+            return None
+        try:
+            _write_frame(w.proc.stdin.fileno(), msg)
+            return _read_frame(w.proc.stdout.fileno(), time.monotonic() + timeout + WATCHDOG_GRACE_S)
+        except (OSError, EOFError, TimeoutError, ValueError):
+            self._respawn(w)
+            return None
+
+    def _result(self, resp: dict | None, timeout: float) -> ExecResult:
+        if resp is None:
+            resp = {"kind": "sandbox_internal", "detail": "the sandbox worker died or stopped answering"}
+        kind = resp["kind"]
+        if kind in ("exception", "syntax"):  # these fields come from the code's process: may be forged
+            full = str(resp.get("traceback") or resp.get("exception_type") or "Exception")
+            last = str(resp.get("error_line") or full.splitlines()[-1])
+        elif kind == "memory":
+            where = f" at line {resp['line']}" if resp.get("line") else ""
+            msg = resp.get("message") or "out of memory"
+            full = last = f"MemoryError: {msg}{where} (the memory limit is {self.memory_mb} MB)"
+        elif kind == "timeout":
+            full = last = f"TimeoutError: the code ran longer than the {timeout:g} s time limit and was stopped"
+        elif kind == "output_limit":
+            full = last = f"OutputLimitError: the code printed more than {self.flood_bytes:,} bytes and was stopped"
+        elif kind == "crash":
+            full = last = f"Crash: {resp['detail']}"
+        elif kind == "sandbox_internal":
+            full = last = f"SandboxError: the sandbox itself failed, not the code ({resp.get('detail', 'internal error')})"
+        else:
+            full = last = ""
+        if resp.get("note"):
+            full, last = f"{full}\n[{resp['note']}]".lstrip("\n"), f"{last}\n[{resp['note']}]".lstrip("\n")
+        stdout, stderr = resp.get("stdout", ""), resp.get("stderr", "")
+        return ExecResult(ok=kind == "none", stdout=stdout, stderr=stderr, error_kind=kind,
+                          exception_type=resp.get("exception_type"), duration_s=resp.get("duration", 0.0),
+                          text=_join(stdout, stderr, full), short_text=_join(stdout, stderr, last),
+                          error_line=last.splitlines()[-1] if last else "", bytes_cut=resp.get("cut", 0))
+
+
+class Session:
+    """Variables persist across cells; a failing cell leaves them as they were (see the module docstring)."""
+
+    def __init__(self, sb: Sandbox, sid: int, worker: int, uid: int | None, rollback: bool):
+        self._sb, self.sid, self._worker, self._uid, self.rollback = sb, sid, worker, uid, rollback
+        self._generation = None  # worker generation the holder was created in; None before the first cell
+        self._opened = [False]  # shared with the finalizer: does the zygote hold processes for us?
+        self.closed = False
+        # A session dropped without close() is closed at the next use of its worker (never from GC itself).
+        self._finalizer = weakref.finalize(self, _end_session, sb, worker, sid, uid, self._opened, True)
+
+    def run(self, code: str, *, timeout_s: float | None = None, stdin: str | None = None) -> ExecResult:
+        sb = self._sb
+        if self.closed:
+            raise RuntimeError(f"session {self.sid} is closed")
+        timeout = sb._timeout(code, timeout_s, stdin)
+        req = {"op": "cell", "sid": self.sid, "uid": self._uid, "rollback": self.rollback,
+               "code": code, "timeout": timeout, "stdin": stdin}
+        w = sb._acquire(self._worker)
+        try:
+            sb._revive(w)
+            lost = self._generation is not None and self._generation != w.generation
+            self._generation = w.generation
+            self._opened[0] = True
+            resp = sb._request(w, req, timeout)
+        finally:
+            sb._release(w)
+        if resp is None:
+            resp = {"kind": "sandbox_internal", "detail": "the sandbox worker died during this cell",
+                    "note": "the session state was lost; the next cell starts from an empty namespace"}
+        elif lost:
+            resp["note"] = "the sandbox restarted and the session state was lost; this cell ran in an empty namespace"
+        return sb._result(resp, timeout)
+
+    async def arun(self, code: str, *, timeout_s: float | None = None, stdin: str | None = None) -> ExecResult:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._sb._executor, functools.partial(self.run, code, timeout_s=timeout_s, stdin=stdin))
+
+    def close(self) -> None:
+        """Kill the session's processes. Never blocks on a busy worker: then the close is queued."""
+        if self.closed:
+            return
+        self.closed = True
+        self._finalizer.detach()
+        _end_session(self._sb, self._worker, self.sid, self._uid, self._opened, False)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _end_session(sb: Sandbox, index: int, sid: int, uid: int | None, opened: list, queue_only: bool) -> None:
+    with sb._cond:
+        w = sb._workers[index]
+        if sb._closed:
+            return
+        if not opened[0]:  # never ran a cell: nothing exists in the zygote
+            w.n_sessions -= 1
+            if uid is not None:
+                sb._free_uids.append(uid)
+            return
+        if w.busy or queue_only:
+            w.pending_closes.append((sid, uid))  # done by whoever releases the worker next
+            return
+        w.busy = True
+    try:
+        sb._close_session(w, sid, uid)
+    finally:
+        sb._release(w)
+
+
+def _join(*parts: str) -> str:
+    out = ""
+    for p in parts:
+        if p:
+            out += ("" if not out or out.endswith("\n") else "\n") + p
+    return out
+
+
+def _clean_env(home: str) -> dict:
+    # Built from scratch, so nothing of the trainer's environment (tokens, keys) reaches the code.
+    threads = {k: "1" for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                                "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")}
+    path = os.path.dirname(sys.executable) + ":/usr/local/bin:/usr/bin:/bin"
+    # glibc malloc on transparent huge pages: a zygote maps fewer pages, so each fork copies
+    # fewer page-table entries (about 2 ms instead of 5 ms here); pymalloc cannot use them.
+    malloc = {"PYTHONMALLOC": "malloc", "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
+    return {"PATH": path, "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8", "TERM": "dumb", "MPLBACKEND": "Agg",
+            **threads, **malloc}
+
+
+_BWRAP_PROBED: dict = {}
+
+
+def _bwrap_argv(scratch_mb: int) -> list | None:
+    """The bwrap prefix for a zygote, or None when bwrap is missing or cannot create namespaces here."""
+    exe = shutil.which("bwrap")
+    if exe is None:
+        return None
+    argv = [exe, "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", "sandbox",
+            "--new-session", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+            "--size", str(scratch_mb << 20), "--tmpfs", "/tmp", "--chdir", "/tmp",
+            # multiprocessing needs a writable /dev/shm; wiped after every execution
+            "--perms", "1777", "--size", str(64 << 20), "--tmpfs", "/dev/shm"]
+    # Python may live below a directory an unprivileged uid cannot enter (pyenv in /root): hide the
+    # rest of that directory behind an empty tmpfs and re-expose the interpreter read-only.
+    needed = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+              os.path.dirname(os.path.realpath(sys.executable)), os.path.dirname(THIS_FILE)}
+    masked, bound = {"/tmp"}, []  # the private /tmp hides a checkout or venv living there, too
+    for path in sorted({os.path.realpath(p) for p in needed}):
+        if any(path.startswith(b + "/") for b in bound):
+            continue
+        parts = path.split("/")
+        for depth in range(2, len(parts) + 1):
+            above = "/".join(parts[:depth])
+            if above in masked or not os.stat(above).st_mode & 0o001:
+                if above not in masked:
+                    argv += ["--tmpfs", above]
+                    masked.add(above)
+                for d in range(depth + 1, len(parts)):  # bwrap would create these 0700
+                    argv += ["--perms", "0755", "--dir", "/".join(parts[:d])]
+                argv += ["--ro-bind", path, path]
+                bound.append(path)
+                break
+    key = tuple(argv)
+    if key not in _BWRAP_PROBED:
+        try:
+            probe = subprocess.run(argv + [sys.executable, "-I", "-S", "-c", ""], capture_output=True, timeout=60)
+            _BWRAP_PROBED[key] = probe.returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            _BWRAP_PROBED[key] = False
+        if not _BWRAP_PROBED[key]:
+            print("sandbox: bwrap is installed but cannot create a sandbox here; using the fallback layers", file=sys.stderr)
+    return argv if _BWRAP_PROBED[key] else None
+
+
+def _stop_worker(w: _Worker, grace_s: float) -> None:
+    proc, w.proc = w.proc, None
+    if proc is None:
+        return
+    try:
+        proc.stdin.close()  # EOF: the zygote kills its children and exits
+    except OSError:
+        pass
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        _kill_tree(proc.pid)
+        proc.wait()
+    proc.stdout.close()
+
+
+def _shutdown(workers: list, root: str | None, executor: ThreadPoolExecutor) -> None:
+    for w in workers:
+        _stop_worker(w, grace_s=5.0)
+    if root is not None:
+        shutil.rmtree(root, ignore_errors=True)
+    executor.shutdown(wait=False)
+
+
+# -----------------------------------------------------------------------------
+# Process-tree helpers, used by both sides.
+
+def _proc_table() -> dict:
+    """pid -> (ppid, state letter, start time) for every process visible in /proc."""
+    table = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            fd = os.open(f"/proc/{name}/stat", os.O_RDONLY)
+            try:
+                data = os.read(fd, 512)
+            finally:
+                os.close(fd)
+        except OSError:
+            continue
+        rest = data[data.rfind(b")") + 2:].split()
+        table[int(name)] = (int(rest[1]), rest[0], rest[19])
+    return table
+
+
+def _descendants(table: dict, root: int, keep: set = frozenset(), keep_children_of: set = frozenset()) -> list:
+    """Every process below `root`, minus the pids in `keep` and the direct children of the pids in
+    `keep_children_of` (but not the children of either)."""
+    children = {}
+    for pid, (ppid, *_) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    out, todo = [], list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        if pid not in keep and table[pid][0] not in keep_children_of:
+            out.append(pid)
+        todo += children.get(pid, [])
+    return out
+
+
+def _kill_tree(root: int) -> None:
+    for _ in range(50):
+        victims = [root] + _descendants(_proc_table(), root)
+        for pid in victims:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        if len(victims) == 1:
+            return
+        time.sleep(0.01)
+
+
+# -----------------------------------------------------------------------------
+# Zygote side: runs in the clean interpreter started by Sandbox._spawn, never in the trainer.
+
+_libc = ctypes.CDLL(None, use_errno=True)
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, PR_SET_CHILD_SUBREAPER = 1, 38, 22, 36
+CLONE_NEWNET = 0x40000000
+
+
+def _prctl(option: int, arg: int) -> None:
+    if _libc.prctl(option, ctypes.c_ulong(arg), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0)) != 0:
+        raise OSError(ctypes.get_errno(), f"prctl({option}) failed")
+
+
+def _seccomp_program() -> bytes | None:
+    """A BPF filter refusing socket() for all families but AF_UNIX, io_uring and foreign ABIs."""
+    arch = {"x86_64": (0xC000003E, 41), "aarch64": (0xC00000B7, 198)}.get(os.uname().machine)
+    if arch is None:
+        return None
+    audit_arch, nr_socket = arch
+    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
+    allow, eperm, eacces = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 13
+    prog = [
+        (ld, 0, 0, 4),               # 0: A = arch
+        (jeq, 1, 0, audit_arch),     # 1: native ABI -> 3
+        (ret, 0, 0, eperm),          # 2: 32-bit compat syscalls: refuse everything
+        (ld, 0, 0, 0),               # 3: A = syscall number
+        (jge, 0, 1, 0x40000000),     # 4: x32 ABI numbers -> 5
+        (ret, 0, 0, eperm),          # 5
+        (jeq, 0, 1, 425),            # 6: io_uring_setup (can open sockets) -> 7
+        (ret, 0, 0, eperm),          # 7
+        (jeq, 0, 3, nr_socket),      # 8: socket -> 9, else allow
+        (ld, 0, 0, 16),              # 9: A = low word of args[0], the family
+        (jeq, 1, 0, socket.AF_UNIX), # 10: AF_UNIX -> allow
+        (ret, 0, 0, eacces),         # 11
+        (ret, 0, 0, allow),          # 12
+    ]
+    return b"".join(struct.pack("HBBI", *ins) for ins in prog)
+
+
+def _install_seccomp(program: bytes) -> None:
+    class Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+    buf = ctypes.create_string_buffer(program)
+    prog = Prog(len(program) // 8, ctypes.addressof(buf))
+    if _libc.prctl(PR_SET_SECCOMP, ctypes.c_ulong(2), ctypes.byref(prog), ctypes.c_ulong(0), ctypes.c_ulong(0)) != 0:
+        raise OSError(ctypes.get_errno(), "seccomp filter refused")
+
+
+class _ParentGone(Exception):
+    pass
+
+
+@dataclass
+class _Zygote:
+    cfg: dict
+    req_fd: int
+    resp_fd: int
+    layers: list
+    uid: int | None  # None when running without uid separation
+    scratch: str  # the stateless scratch dir
+    seccomp: bytes | None
+    sessions: dict = field(default_factory=dict)  # sid -> _Holder
+    reaped: dict = field(default_factory=dict)  # pid -> wait status, for children reaped by sweeps
+    dying: dict = field(default_factory=dict)  # pid -> start time: SIGKILLed, maybe still tearing down
+
+
+class _Capture:
+    """Keeps the first and the last keep/2 bytes of a stream and counts what is cut between them."""
+
+    def __init__(self, keep: int):
+        self.half, self.head, self.tail, self.total = keep // 2, bytearray(), bytearray(), 0
+
+    def add(self, data: bytes) -> None:
+        self.total += len(data)
+        room = self.half - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        if data:
+            self.tail += data
+            if len(self.tail) > 4 * self.half:
+                del self.tail[:-self.half]
+
+    def render(self) -> tuple:
+        tail = self.tail[-self.half:] if self.half else b""
+        cut = self.total - len(self.head) - len(tail)
+        text = self.head.decode("utf-8", "replace")
+        if cut:
+            text += f"\n... [{cut} bytes cut] ...\n"
+        return text + tail.decode("utf-8", "replace"), cut
+
+
+def _zygote_main() -> None:
+    # The protocol pipes move away from fds 0/1, so a stray print can never corrupt a frame.
+    req_fd, resp_fd = os.dup(0), os.dup(1)
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(2, 1)
+    os.close(null)
+    cfg = _read_frame(req_fd)
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of the code (setsid, double fork) come back to us
+    layers = ["bwrap"] if cfg["bwrap"] else []
+    if not cfg["bwrap"] and cfg["use_netns"] and os.geteuid() == 0 and _libc.unshare(CLONE_NEWNET) == 0:
+        layers.append("netns")
+    seccomp = None
+    if not layers:
+        seccomp = _seccomp_program()
+        if seccomp is not None:
+            layers.append("seccomp")
+    uid = cfg["uid"] if cfg["uid"] is not None and os.geteuid() == 0 else None
+    if uid is not None:
+        layers.append("uid")
+    layers += ["rlimits", "clean_env", "subreaper"]
+    os.makedirs(cfg["root"], mode=0o711, exist_ok=True)
+    z = _Zygote(cfg, req_fd, resp_fd, layers, uid, os.path.join(cfg["root"], "run"), seccomp)
+    _make_scratch(z.scratch, uid)
+    _preload()
+    gc.freeze()  # forks never walk (and so never copy) the preloaded heap in their collections
+    _write_frame(resp_fd, {"ready": True, "layers": layers, "pid": os.getpid()})
+    try:
+        while True:
+            try:
+                req = _read_frame(req_fd)
+            except EOFError:
+                break
+            try:
+                if req["op"] == "run":
+                    resp = _run_stateless(z, req)
+                elif req["op"] == "cell":
+                    resp = _run_cell(z, req)
+                else:
+                    resp = _close_holder(z, req["sid"])
+            except _ParentGone:
+                break
+            except Exception as e:
+                traceback.print_exc()  # the full story goes to the trainer's stderr, one line to the model
+                resp = {"kind": "sandbox_internal", "detail": f"{type(e).__name__}: {e}"[:300]}
+            z.reaped.clear()
+            _write_frame(resp_fd, resp)
+    finally:
+        for sid in list(z.sessions):
+            _close_holder(z, sid)
+        _sweep(z, set())
+        if not cfg["bwrap"]:
+            shutil.rmtree(cfg["root"], ignore_errors=True)
+
+
+def _preload() -> None:
+    """Import and exercise what model code usually needs, so forks find it warm (caches included)."""
+    import numpy
+    import sympy
+    for name in ("cmath", "fractions", "decimal", "statistics", "heapq", "bisect", "datetime", "typing",
+                 "dataclasses", "copy", "textwrap", "array", "hashlib", "string", "pprint", "enum", "numbers",
+                 "unicodedata", "csv", "glob", "base64", "collections.abc", "itertools", "queue", "calendar", "secrets",
+                 "uuid", "gzip", "timeit", "unittest", "encodings.idna", "multiprocessing.pool",
+                 "multiprocessing.popen_fork", "multiprocessing.queues", "multiprocessing.synchronize",
+                 "multiprocessing.shared_memory", "concurrent.futures.process", "sympy.abc", "sympy.parsing.sympy_parser",
+                 "mpmath"):
+        __import__(name)
+    x, y = sympy.symbols("x y")
+    sympy.solve(x ** 2 - 2, x)
+    sympy.solve([x + y - 3, x - y - 1], [x, y])
+    sympy.simplify(sympy.sin(x) ** 2 + sympy.cos(x) ** 2)
+    sympy.factor(x ** 3 - y ** 3)
+    sympy.expand((x + 1) ** 5)
+    sympy.integrate(x * sympy.exp(x), x)
+    sympy.diff(sympy.sin(x) * x, x)
+    sympy.limit(sympy.sin(x) / x, x, 0)
+    sympy.nsimplify(0.5) + sympy.Rational(3, 7) + sympy.sqrt(8)
+    sympy.isprime(97), sympy.factorint(360), sympy.binomial(10, 3)
+    str(sympy.Matrix([[1, 2], [3, 4]]).inv()), sympy.latex(x ** 2), sympy.N(sympy.pi, 20)
+    numpy.linalg.solve(numpy.eye(3), numpy.ones(3))
+    numpy.linalg.eigvals(numpy.eye(3)), numpy.fft.fft(numpy.ones(4)), numpy.random.default_rng(0).random(3)
+    str(numpy.arange(6).reshape(2, 3))
+
+
+def _make_scratch(path: str, uid: int | None) -> None:
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    if uid is not None:
+        os.chown(path, uid, uid)
+
+
+def _wipe_scratch(path: str, uid: int | None) -> None:
+    with os.scandir(path) as it:
+        if next(it, None) is None:
+            return
+    shutil.rmtree(path, ignore_errors=True)
+    if os.path.exists(path):  # something undeletable: leave it and start a new dir
+        os.rename(path, f"{path}.trash{time.monotonic_ns()}")
+    _make_scratch(path, uid)
+
+
+def _wipe_shm(z: _Zygote) -> None:
+    """Our own /dev/shm (bwrap) must not carry anything from one execution to the next."""
+    if not z.cfg["bwrap"]:
+        return
+    with os.scandir("/dev/shm") as it:
+        for entry in it:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                os.unlink(entry.path)
+
+
+def _pipes() -> tuple:
+    """(out_r, out_w), (err_r, err_w), (res_r, res_w): the zygote's read ends are non-blocking."""
+    pairs = [os.pipe() for _ in range(3)]
+    for r, _ in pairs:
+        os.set_blocking(r, False)
+    return pairs
+
+
+def _enter_sandbox(z: _Zygote, uid: int | None, scratch: str) -> None:
+    """In a fresh child, before any model code: limits, uid, no_new_privs, seccomp, environment."""
+    os.chdir(scratch)
+    os.environ.update(HOME=scratch, TMPDIR=scratch)
+    tempfile.tempdir = scratch
+    vm_bytes = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
+    limit = vm_bytes + (z.cfg["memory_mb"] << 20)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (z.cfg["fsize"], z.cfg["fsize"]))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (NOFILE_LIMIT, NOFILE_LIMIT))
+    if uid is not None:
+        resource.setrlimit(resource.RLIMIT_NPROC, (NPROC_LIMIT, NPROC_LIMIT))
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+    _prctl(PR_SET_NO_NEW_PRIVS, 1)  # setuid binaries cannot give privileges back
+    if z.seccomp is not None:
+        _install_seccomp(z.seccomp)
+    seed = int.from_bytes(os.urandom(4), "little")  # forks share the zygote's RNG state: reseed both
+    random.seed(seed)
+    sys.modules["numpy"].random.seed(seed)
+
+
+def _set_cpu_limit(timeout: float, hard: bool) -> None:
+    # A backstop behind the zygote's wall-clock SIGKILL. Sessions set only the soft limit so a
+    # later cell with a longer timeout can still raise it.
+    soft = int(timeout) + 2
+    resource.setrlimit(resource.RLIMIT_CPU, (soft, soft if hard else resource.RLIM_INFINITY))
+
+
+def _std_streams() -> None:
+    sys.stdin = sys.__stdin__ = open(0, "r", encoding="utf-8", errors="replace", closefd=False)
+    # Line-buffered, so what was printed before a timeout kill is still shown.
+    sys.stdout = sys.__stdout__ = open(1, "w", encoding="utf-8", errors="backslashreplace", buffering=1, closefd=False)
+    sys.stderr = sys.__stderr__ = open(2, "w", encoding="utf-8", errors="backslashreplace", buffering=1, closefd=False)
+
+
+def _stdin_fd(data: str | None) -> int:
+    if data is None:
+        return os.open(os.devnull, os.O_RDONLY)
+    fd = os.memfd_create("stdin")
+    os.write(fd, data.encode())  # memfd writes never block, whatever the size
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _fresh_main() -> dict:
+    main = types.ModuleType("__main__")
+    sys.modules["__main__"] = main  # so pickle and multiprocessing find functions defined by the code
+    sys.argv = [""]
+    return main.__dict__
+
+
+def _internal_failure(res_fd: int) -> None:
+    try:
+        traceback.print_exc()
+        e = sys.exc_info()[1]
+        frame = json.dumps({"kind": "sandbox_internal", "detail": f"{type(e).__name__}: {e}"[:300]}).encode()
+        os.write(res_fd, struct.pack(">I", len(frame)) + frame)
+    finally:
+        os._exit(121)
+
+
+def _run_stateless(z: _Zygote, req: dict) -> dict:
+    (out_r, out_w), (err_r, err_w), (res_r, res_w) = _pipes()
+    t0 = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setsid()
+            _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            fds = [fcntl.fcntl(fd, fcntl.F_DUPFD, 64) for fd in (_stdin_fd(req["stdin"]), out_w, err_w, res_w)]
+            for i, fd in enumerate(fds):
+                os.dup2(fd, i)
+            os.closerange(4, 1 << 16)  # the zygote's pipes and the other slots' fds are not the code's
+            _enter_sandbox(z, z.uid, z.scratch)
+            _set_cpu_limit(req["timeout"], hard=True)
+            _std_streams()
+            ns = _fresh_main()
+        except BaseException:
+            _internal_failure(3)
+        _exec_code(req["code"], ns, "<cell>", echo=False, res_fd=3)
+        os._exit(0)
+    for fd in (out_w, err_w, res_w):
+        os.close(fd)
+    pidfd = os.pidfd_open(pid)
+    state = None
+    try:
+        state = _supervise(z, out_r, err_r, res_r, t0 + req["timeout"], pidfd)
+    finally:
+        os.close(pidfd)
+        _killpg(pid)  # the child leads its own session: one atomic kill takes a fork bomb down with it
+        if state is not None and state["reason"] == "exited":
+            state["status"] = os.waitpid(pid, 0)[1]  # already dead: its status tells how
+        if state is None:
+            state = _new_state(z)
+            state["reason"] = "exited"
+        state["duration"] = time.monotonic() - t0
+        _sweep(z, _holders(z))
+        _drain(z, state, out_r, err_r, res_r)
+        for fd in (out_r, err_r, res_r):
+            os.close(fd)
+    _wipe_scratch(z.scratch, z.uid)
+    _wipe_shm(z)
+    return _verdict(z, state)
+
+
+def _new_state(z: _Zygote) -> dict:
+    return {"out": _Capture(z.cfg["keep"]), "err": _Capture(z.cfg["keep"]), "res": bytearray(),
+            "reason": None, "status": None}
+
+
+def _supervise(z: _Zygote, out_r: int, err_r: int, res_r: int, deadline: float, pidfd: int,
+               h: "_Holder | None" = None, runner: int | None = None) -> dict:
+    """Drain output until the code finishes, times out or floods. Returns the state for _verdict.
+    For a session cell, `pidfd` is the runner's; when it dies we wake its holder to report how."""
+    state = _new_state(z)
+    ctl = h.ctl if h is not None else None
+    poller = select.poll()
+    for fd in (out_r, err_r, res_r, z.req_fd):
+        poller.register(fd, select.POLLIN)
+    if pidfd is not None:
+        poller.register(pidfd, select.POLLIN)
+    if ctl is not None:
+        poller.register(ctl.fileno(), select.POLLIN)
+    child_exit_seen = None
+    while state["reason"] is None:
+        wait = deadline - time.monotonic()
+        if child_exit_seen is not None:  # the cell died; give its holder a moment to report how
+            wait = min(wait, child_exit_seen + 0.5 - time.monotonic())
+            if wait <= 0:
+                state["reason"] = "exited"
+                break
+        if wait <= 0:
+            state["reason"] = "timeout"
+            break
+        for fd, _ in poller.poll(wait * 1000 + 1):
+            if fd == z.req_fd:
+                raise _ParentGone()  # the trainer closed the pipe or died: stop everything
+            if fd == pidfd:
+                poller.unregister(fd)
+                if h is None:
+                    state["reason"] = "exited"
+                else:
+                    child_exit_seen = time.monotonic()
+                    _signal(h.pid, signal.SIGCONT)  # the holder waitpid()s the runner and reports the status
+            elif ctl is not None and fd == ctl.fileno():
+                for kind, pid, value in _read_ctl(ctl):
+                    if kind == "status" and pid == runner:
+                        state["status"] = value
+                        state["reason"] = "exited"
+                    elif kind == "runner":  # the woken holder already forked the next runner
+                        state["next_runner"] = pid
+                    elif kind == "eof":
+                        poller.unregister(fd)
+            elif not _pump(z, fd, out_r, err_r, res_r, state):
+                poller.unregister(fd)
+            if state["reason"] is None and _frame_complete(state["res"]) is not None:
+                state["reason"] = "result"
+            if state["out"].total + state["err"].total > z.cfg["flood"]:
+                state["reason"] = "flood"
+    return state
+
+
+def _pump(z: _Zygote, fd: int, out_r: int, err_r: int, res_r: int, state: dict) -> bool:
+    """Read what is there from one pipe; False at EOF."""
+    try:
+        data = os.read(fd, 1 << 16)
+    except BlockingIOError:
+        return True
+    if not data:
+        return False
+    if fd == res_r:
+        if len(state["res"]) < (4 << 20):
+            state["res"] += data
+    else:
+        state["out" if fd == out_r else "err"].add(data)
+    return True
+
+
+def _drain(z: _Zygote, state: dict, out_r: int, err_r: int, res_r: int) -> None:
+    """After the code is gone: collect what is still buffered in the pipes, without blocking."""
+    for fd in (out_r, err_r, res_r):
+        while state["out"].total + state["err"].total <= z.cfg["flood"]:
+            try:
+                data = os.read(fd, 1 << 16)
+            except BlockingIOError:
+                break
+            if not data:
+                break
+            if fd == res_r:
+                state["res"] += data
+            else:
+                state["out" if fd == out_r else "err"].add(data)
+
+
+def _frame_complete(buf: bytearray) -> dict | None:
+    if len(buf) < 4:
+        return None
+    (n,) = struct.unpack(">I", buf[:4])
+    if len(buf) < 4 + n:
+        return None
+    try:
+        frame = json.loads(bytes(buf[4:4 + n]))
+    except ValueError:
+        return {"kind": "garbled"}
+    return frame if isinstance(frame, dict) else {"kind": "garbled"}
+
+
+def _read_ctl(ctl: socket.socket) -> list:
+    """Pending messages from a session's holder, parsed: [(kind, pid, value)]. They are untrusted
+    (the holder ran earlier cells), so the zygote checks every pid against /proc before use."""
+    out = []
+    while True:
+        try:
+            msg = ctl.recv(128)
+        except (BlockingIOError, ConnectionError):
+            return out
+        if not msg:
+            return out + [("eof", None, None)]  # every process of the session is gone
+        parts = msg.decode(errors="replace").split()
+        if len(parts) == 3 and parts[0] in ("runner", "status") and all(p.lstrip("-").isdigit() for p in parts[1:]):
+            out.append((parts[0], int(parts[1]), int(parts[2])))
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _proc_entry(pid: int) -> tuple | None:
+    """(ppid, state letter) of a live process, None when it is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    rest = data[data.rfind(b")") + 2:].split()
+    return None if rest[0] == b"Z" else (int(rest[1]), rest[0])
+
+
+def _verdict(z: _Zygote, state: dict) -> dict:
+    stdout, cut_out = state["out"].render()
+    stderr, cut_err = state["err"].render()
+    resp = {"stdout": stdout, "stderr": stderr, "cut": cut_out + cut_err, "duration": round(state["duration"], 6)}
+    frame = _frame_complete(state["res"])
+    status = state["status"]
+    if state["reason"] == "flood":
+        resp["kind"] = "output_limit"
+    elif state["reason"] == "timeout":
+        resp["kind"] = "timeout"
+    elif frame is not None and frame.get("kind") in ("none", "exception", "syntax", "memory", "sandbox_internal"):
+        resp.update({k: frame[k] for k in ("kind", "exception_type", "traceback", "error_line", "line", "message", "detail") if k in frame})
+        resp = {k: v for k, v in resp.items() if isinstance(v, (str, int, float)) or v is None}  # the frame is the code's
+    elif status is not None and os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGXCPU:
+        resp["kind"] = "timeout"  # the CPU rlimit fired before the wall clock
+    elif status is not None and os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        resp.update(kind="crash", detail=f"the process was killed by signal {signal.Signals(sig).name} ({signal.strsignal(sig).lower()})")
+    elif status is not None and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
+        resp["kind"] = "none"  # os._exit(0): a clean exit, as for a script
+    elif status is not None and os.WIFEXITED(status):
+        resp.update(kind="crash", detail=f"the process exited with status {os.WEXITSTATUS(status)} before the code finished")
+    else:
+        resp.update(kind="crash", detail="the process died before the code finished")
+    return resp
+
+
+def _reap(z: _Zygote) -> bool:
+    """Collect dead children. False when the zygote has no children left at all."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return False
+        if pid == 0:
+            return True
+        z.reaped[pid] = status
+
+
+def _killpg(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _holders(z: _Zygote) -> set:
+    return {h.pid for h in z.sessions.values()}
+
+
+def _sweep(z: _Zygote, keep: set, keep_children_of: set | None = None) -> None:
+    """Kill every process below the zygote except the session holders in `keep`.
+    A SIGKILLed process never runs code again, so we do not wait for its teardown (milliseconds
+    for a process mapping numpy and sympy): it is remembered as dying and reaped later. A kill
+    cannot race a fork (the kernel fails a fork with a fatal signal pending), so once a scan
+    finds nothing new to kill, nothing is left."""
+    for _ in range(10_000):
+        if not _reap(z) and not keep:
+            z.dying.clear()
+            return  # nothing below us: the common case costs one waitpid
+        table = _proc_table()
+        for pid in list(z.dying):  # forget the reaped; start times guard against pid reuse
+            if pid not in table or table[pid][1] == b"Z" or table[pid][2] != z.dying[pid]:
+                del z.dying[pid]
+        kids_of = keep if keep_children_of is None else keep_children_of  # a holder's child is its runner
+        victims = [p for p in _descendants(table, os.getpid(), keep, kids_of) if table[p][1] != b"Z" and p not in z.dying]
+        if not victims:
+            return
+        for pid in victims:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                z.dying[pid] = table[pid][2]
+            except OSError:
+                pass
+    raise RuntimeError("could not kill the processes left by the code")
+
+
+# ---- sessions
+#
+# A session is a holder process H, the checkpoint that holds the namespace, and a runner R, a fork
+# of H made ahead of time that waits for the next cell (so no fork sits between a request and the
+# cell). R runs the cell. To commit it the zygote kills H and R becomes the holder; once the zygote
+# has swept the cell's leftovers it says "go" and R forks its own runner. To roll back the zygote
+# kills R; H, woken, forks a new runner at once. Either way the next runner is forked while the
+# model is busy generating. Idle holders stop themselves, so their threads do not run.
+# H and R are as untrusted as the code (they ran it), so the zygote checks everything they say.
+
+@dataclass
+class _Holder:
+    pid: int
+    ctl: socket.socket
+    uid: int | None
+    scratch: str
+    rollback: bool
+    cells: int = 0
+    runner: int | None = None  # pid of the runner waiting for the next cell, once reported
+
+
+def _holder_alive(z: _Zygote, h: _Holder) -> bool:
+    if h.pid in z.reaped:
+        return False
+    try:
+        pid, status = os.waitpid(h.pid, os.WNOHANG)
+    except ChildProcessError:  # not ours yet: its old holder is still exiting, then it is reparented to us
+        return _proc_entry(h.pid) is not None
+    if pid:
+        z.reaped[pid] = status
+    return pid == 0
+
+
+def _open_holder(z: _Zygote, sid: int, uid: int | None, rollback: bool) -> _Holder:
+    uid = uid if z.uid is not None else None
+    scratch = os.path.join(z.cfg["root"], f"s{sid}")
+    _make_scratch(scratch, uid)
+    ctl_z, ctl_h = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            ctl_z.close()
+            os.setsid()
+            ctl_fd = fcntl.fcntl(ctl_h.fileno(), fcntl.F_DUPFD, 64)
+            null = os.open(os.devnull, os.O_RDWR)
+            for i in range(3):
+                os.dup2(null, i)
+            os.dup2(ctl_fd, 3)
+            os.closerange(4, 1 << 16)
+            ctl = socket.socket(fileno=3)
+            _enter_sandbox(z, uid, scratch)
+            ns = _fresh_main()
+            gc.freeze()
+        except BaseException:
+            os._exit(121)
+        _holder_loop(ctl, ns)
+        os._exit(0)
+    ctl_h.close()
+    ctl_z.setblocking(False)
+    return _Holder(pid, ctl_z, uid, scratch, rollback)
+
+
+def _holder_loop(ctl: socket.socket, ns: dict) -> None:
+    """The life of a session process: holder, runner, holder again if its cell is committed."""
+    user_hup = signal.SIG_DFL
+    # A holder's process group may be orphaned (by a killed holder) while it is stopped, which
+    # makes the kernel send SIGHUP; ignored, it is dropped. Cells get the code's own disposition.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    while True:
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        except ChildProcessError:
+            pass
+        holder = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            user_hup = _runner(ctl, ns, holder, user_hup)
+            gc.freeze()  # if committed, later cells' collections skip this state, as in the zygote
+            # Committed: the zygote says "go" after sweeping our cell's leftovers (which a runner
+            # forked earlier would be mistaken for). Rolled back: we are killed while waiting.
+            while (msg := ctl.recv(16)) != b"go":
+                if not msg:
+                    os._exit(0)  # the zygote is gone
+            continue
+        ctl.send(f"runner {pid} 0".encode())
+        os.kill(os.getpid(), signal.SIGSTOP)  # idle until the zygote needs us again
+        _, status = os.waitpid(pid, 0)  # the runner was rolled back or died: fork the next one
+        ctl.send(f"status {pid} {status}".encode())
+
+
+def _runner(ctl: socket.socket, ns: dict, holder: int, user_hup):
+    """Wait for a cell, run it in `ns`, report it. Returns the code's SIGHUP disposition."""
+    while True:
+        try:
+            msg, fds, _, _ = socket.recv_fds(ctl, 16, 4)
+        except OSError:
+            msg, fds = b"", []
+        if not msg:  # the zygote is gone: take the stopped holder along
+            if os.getppid() == holder:
+                os.kill(holder, signal.SIGKILL)
+            os._exit(0)
+        if msg == b"run" and len(fds) == 4:
+            break
+        for fd in fds:  # anything else (a stray "go") is not for us
+            os.close(fd)
+    payload_fd, out_w, err_w, res_w = fds
+    try:
+        with open(payload_fd, "rb") as f:
+            req = json.loads(f.read())
+        os.setpgid(0, 0)  # so a rollback kills the cell and its forks with one killpg
+        for i, fd in enumerate((_stdin_fd(req["stdin"]), out_w, err_w)):
+            os.dup2(fd, i)
+            os.close(fd)
+        _set_cpu_limit(req["timeout"], hard=False)
+        _std_streams()
+        signal.signal(signal.SIGHUP, user_hup)
+    except BaseException:
+        _internal_failure(res_w)
+    _exec_code(req["code"], ns, f"<cell {req['cell']}>", echo=True, res_fd=res_w)
+    os.close(res_w)
+    return signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
+def _await_runner(z: _Zygote, h: _Holder, deadline: float) -> int | None:
+    """The runner waiting for this session's next cell: reported by the holder, checked in /proc."""
+    while True:
+        for kind, pid, _ in _read_ctl(h.ctl):
+            entry = _proc_entry(pid) if kind == "runner" else None
+            if entry is not None and entry[0] == h.pid:
+                h.runner = pid
+        if h.runner is not None and (_proc_entry(h.runner) or (None,))[0] == h.pid:
+            return h.runner
+        h.runner = None
+        _signal(h.pid, signal.SIGCONT)  # a holder that stopped itself just after an earlier SIGCONT
+        wait = deadline - time.monotonic()
+        if wait <= 0:
+            return None
+        select.select([h.ctl], [], [], min(wait, 0.05))
+
+
+def _run_cell(z: _Zygote, req: dict) -> dict:
+    h, note = z.sessions.get(req["sid"]), None
+    if h is not None and not _holder_alive(z, h):
+        _close_holder(z, req["sid"])
+        h, note = None, "the session's process had died and its state was lost; this cell ran in an empty namespace"
+    if h is None:
+        h = z.sessions[req["sid"]] = _open_holder(z, req["sid"], req["uid"], req["rollback"])
+    h.cells += 1
+    t0 = time.monotonic()
+    runner = _await_runner(z, h, t0 + req["timeout"])
+    if runner is None:  # earlier cells broke the holder: do not let it hang every cell
+        _close_holder(z, req["sid"])
+        state = _new_state(z)
+        state.update(reason="timeout", duration=time.monotonic() - t0)
+        resp = _verdict(z, state)
+        resp["note"] = "the session's process stopped responding; its state was lost and the next cell starts from an empty namespace"
+        return resp
+    (out_r, out_w), (err_r, err_w), (res_r, res_w) = _pipes()
+    payload = os.memfd_create("cell")
+    os.write(payload, json.dumps({"code": req["code"], "timeout": req["timeout"], "stdin": req["stdin"], "cell": h.cells}).encode())
+    os.lseek(payload, 0, os.SEEK_SET)
+    pidfd, state = os.pidfd_open(runner), None
+    try:
+        try:
+            socket.send_fds(h.ctl, [b"run"], [payload, out_w, err_w, res_w])
+        finally:
+            for fd in (payload, out_w, err_w, res_w):
+                os.close(fd)
+        state = _supervise(z, out_r, err_r, res_r, t0 + req["timeout"], pidfd, h=h, runner=runner)
+    finally:
+        os.close(pidfd)
+        state = state or dict(_new_state(z), reason="exited")
+        state["duration"] = time.monotonic() - t0
+        frame = _frame_complete(state["res"]) if state["reason"] == "result" else None
+        good = frame is not None and (frame.get("kind") == "none" or (not h.rollback and frame.get("kind") == "exception"))
+        entry, holder_alive = _proc_entry(runner), _holder_alive(z, h)
+        ours = entry is not None and (entry[0] == h.pid or (not holder_alive and entry[0] == os.getpid()))
+        h.runner = None
+        committed = False
+        if good and ours:
+            h.pid, committed = runner, True  # commit: the sweep kills the old holder
+        elif holder_alive:  # rollback: the old holder is untouched
+            if entry is not None:
+                _signal(runner, signal.SIGKILL)
+            _killpg(runner)  # its forks (a group id is never reused while the group lives)
+            h.runner = state.get("next_runner")  # if it already forked the next one (checked before use)
+        elif frame is not None and ours:
+            h.pid, committed = runner, True  # the cell killed its own checkpoint: this is the only state left
+        else:
+            note = "the cell killed the session's process; its state was lost and the next cell starts from an empty namespace"
+        # After a commit the new holder's children are the cell's leftovers; otherwise a holder's
+        # child is its (next) runner.
+        _sweep(z, _holders(z), _holders(z) - {h.pid} if committed else None)
+        _drain(z, state, out_r, err_r, res_r)
+        for fd in (out_r, err_r, res_r):
+            os.close(fd)
+        _wipe_shm(z)
+        if note and note.startswith("the cell killed"):
+            _close_holder(z, req["sid"])
+        elif committed:
+            h.ctl.send(b"go")  # the new holder forks the next runner while the model generates
+        else:
+            _signal(h.pid, signal.SIGCONT)  # the holder forks a new runner
+    resp = _verdict(z, state)
+    if note:
+        resp["note"] = note
+    return resp
+
+
+def _close_holder(z: _Zygote, sid: int) -> dict:
+    h = z.sessions.pop(sid, None)
+    if h is not None:
+        _signal(h.pid, signal.SIGKILL)
+        h.ctl.close()
+        _sweep(z, _holders(z))
+        shutil.rmtree(h.scratch, ignore_errors=True)
+    return {"kind": "none"}
+
+
+# ---- running the code itself (in the forked child)
+
+def _exec_code(code: str, ns: dict, filename: str, echo: bool, res_fd: int) -> None:
+    """Compile and run `code` in `ns`, then report to the zygote on res_fd."""
+    me = os.getpid()
+    reserve = bytearray(1 << 16)  # freed on MemoryError so the report itself can be built
+    result = {"kind": "none"}
+    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+    try:
+        tree = ast.parse(code, filename)
+        last = None
+        if echo and tree.body and isinstance(tree.body[-1], ast.Expr):
+            last = compile(ast.Expression(tree.body.pop().value), filename, "eval")
+        body = compile(tree, filename, "exec")
+    except (SyntaxError, ValueError) as e:
+        if isinstance(e, ValueError):  # e.g. null bytes in the source
+            e = SyntaxError(str(e))
+        msg = "".join(traceback.format_exception_only(type(e), e)).rstrip()
+        result = {"kind": "syntax", "exception_type": type(e).__name__, "traceback": msg,
+                  "error_line": msg.splitlines()[-1].strip()}
+    else:
+        try:
+            exec(body, ns)
+            if last is not None:
+                value = eval(last, ns)
+                if value is not None:
+                    print(repr(value))
+        except SystemExit as e:
+            if e.code not in (None, 0):
+                result = _describe(e)
+        except MemoryError as e:
+            del reserve
+            result = {"kind": "memory", "exception_type": type(e).__name__, "message": str(e)[:300]}
+            cell_frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == filename]
+            if cell_frames:
+                result["line"] = cell_frames[-1].lineno
+        except BaseException as e:
+            result = _describe(e)
+    if os.getpid() != me:
+        # A fork made by the code came back here: like a script's child, it just exits.
+        _flush_streams()
+        os._exit(0 if result["kind"] == "none" else 1)
+    _flush_streams()
+    result["pid"] = me
+    frame = json.dumps(result).encode()
+    try:
+        view = memoryview(struct.pack(">I", len(frame)) + frame)
+        while view:
+            view = view[os.write(res_fd, view):]
+    except OSError:
+        os._exit(0 if result["kind"] == "none" else 1)
+
+
+def _flush_streams() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+
+
+def _describe(e: BaseException) -> dict:
+    """The compact, model-facing traceback: frames of the cell, the innermost library frame with a
+    short path, repeated frames collapsed, about 20 lines at most."""
+    frames = traceback.StackSummary.extract(traceback.walk_tb(e.__traceback__), lookup_lines=False)[1:]
+    kept = [f for i, f in enumerate(frames) if f.filename.startswith("<cell") or i == len(frames) - 1]
+    lines = ["Traceback (most recent call last):"]
+    i = 0
+    while i < len(kept):
+        f, j = kept[i], i + 1
+        while j < len(kept) and (kept[j].filename, kept[j].lineno, kept[j].name) == (f.filename, f.lineno, f.name):
+            j += 1
+        lines.append(f'  File "{_short_path(f.filename)}", line {f.lineno}, in {f.name}')
+        if f.line:
+            lines.append(f"    {f.line.strip()}")
+        if j - i > 1:
+            lines.append(f"  [Previous line repeated {j - i - 1} more times]")
+        i = j
+    if len(lines) > 17:
+        lines = lines[:7] + [f"  ... ({len(lines) - 16} lines omitted)"] + lines[-9:]
+    try:
+        exc = "".join(traceback.format_exception_only(type(e), e)).rstrip()
+    except Exception:
+        exc = type(e).__name__
+    if len(exc) > 2000:
+        exc = exc[:1000] + f" ... [{len(exc) - 2000} chars cut] ... " + exc[-1000:]
+    if len(lines) == 1:
+        lines = []  # nothing of the cell to show (e.g. raised by our own echo)
+    text = "\n".join(lines + [exc]).encode("utf-8", "replace").decode()
+    return {"kind": "exception", "exception_type": type(e).__name__, "traceback": text,
+            "error_line": text.splitlines()[-1] if text else type(e).__name__}
+
+
+def _short_path(path: str) -> str:
+    if path.startswith("<"):
+        return path
+    for prefix in sorted({p for p in sys.path if p}, key=len, reverse=True):
+        if path.startswith(prefix.rstrip("/") + "/"):
+            return path[len(prefix.rstrip("/")) + 1:]
+    return os.path.basename(path)
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--zygote"]:
+    _zygote_main()

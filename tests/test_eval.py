@@ -1,0 +1,309 @@
+"""eval.py: pass@k / mean@n / maj@n, the loaders (on synthetic GPQA and LiveCodeBench fixtures),
+the JSONL round trip of --score, and the error messages. Only the model is faked."""
+import base64
+import itertools
+import json
+import os
+import pickle
+import zlib
+from pathlib import Path
+
+import pytest
+
+import eval as ev
+
+# gpqa_synthetic.csv: eight made-up toy questions in the official GPQA CSV columns (no GPQA content).
+# gpqa_synthetic.zip: the same CSV as dataset/gpqa_diamond.csv, encrypted like GPQA's dataset.zip
+# (`zip -P deserted-untie-orchid`, the password the GPQA README publishes).
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+# --- pass@k, mean@n, maj@n ---------------------------------------------------------------------------
+
+def brute_pass_at_k(n, c, k):
+    """Fraction of all k-subsets of n samples (c correct) that contain a correct one."""
+    subsets = list(itertools.combinations([1] * c + [0] * (n - c), k))
+    return sum(any(s) for s in subsets) / len(subsets)
+
+
+def test_pass_at_k_hand_cases():
+    assert ev.pass_at_k(5, 2, 1) == pytest.approx(0.4)
+    assert ev.pass_at_k(5, 2, 2) == pytest.approx(1 - 3 / 10)  # 1 - C(3,2)/C(5,2)
+    assert ev.pass_at_k(5, 2, 4) == 1.0                          # every 4-subset holds a correct one
+    assert ev.pass_at_k(16, 0, 8) == 0.0
+    assert ev.pass_at_k(16, 16, 1) == 1.0
+    for n, c, k in [(4, 1, 2), (6, 3, 2), (8, 2, 4), (7, 5, 3), (10, 1, 8)]:
+        assert ev.pass_at_k(n, c, k) == pytest.approx(brute_pass_at_k(n, c, k))
+    for n in range(1, 9):
+        for c in range(n + 1):
+            assert ev.pass_at_k(n, c, 1) == pytest.approx(c / n)
+    with pytest.raises(ValueError):
+        ev.pass_at_k(4, 5, 1)
+    with pytest.raises(ValueError):
+        ev.pass_at_k(4, 2, 5)
+
+
+def rec(pid, idx, correct, pred="1", bench="aime24", calls=0, errors=0):
+    return {"benchmark": bench, "problem_id": pid, "sample_idx": idx, "response": "", "pred": pred,
+            "gold": "1", "correct": correct, "num_tool_calls": calls, "num_tool_errors": errors, "saar": False}
+
+
+def test_summarize_mean_equals_pass1_and_pass_k():
+    # p0: 3 of 4 correct, p1: 0 of 4, p2: 1 of 4
+    pattern = {"p0": [1, 1, 0, 1], "p1": [0, 0, 0, 0], "p2": [0, 0, 1, 0]}
+    records = [rec(p, i, bool(c), pred=str(c), calls=i, errors=int(i == 3)) for p, cs in pattern.items()
+               for i, c in enumerate(cs)]
+    s = ev.summarize(records)["aime24"]
+    assert s["problems"] == 3 and s["n"] == 4
+    assert s["mean@n"] == pytest.approx((3 / 4 + 0 + 1 / 4) / 3)
+    assert s["pass@k"][1] == pytest.approx(s["mean@n"])
+    assert list(s["pass@k"]) == [1, 2, 4]
+    assert s["pass@k"][4] == pytest.approx(2 / 3)
+    assert s["pass@k"][2] == pytest.approx((ev.pass_at_k(4, 3, 2) + 0 + ev.pass_at_k(4, 1, 2)) / 3)
+    assert s["maj@n"] == pytest.approx(1 / 3)  # only p0's majority answer is right
+    assert s["tool_calls_per_response"] == pytest.approx(1.5)
+    assert s["tool_use_rate"] == pytest.approx(9 / 12)
+    assert s["tool_error_rate"] == pytest.approx(3 / 18)
+
+
+def test_pass_k_list_includes_n_when_not_a_power_of_two():
+    records = [rec("p", i, i == 0) for i in range(10)]
+    assert list(ev.summarize(records)["aime24"]["pass@k"]) == [1, 2, 4, 8, 10]
+
+
+def test_maj_at_n_merges_equivalent_answers_and_breaks_ties_by_first_seen():
+    # "033" and "33" are one answer (2 votes) and beat "12" (1 vote), although "12" comes first
+    samples = [rec("p", 0, False, pred="12"), rec("p", 1, True, pred="033"), rec("p", 2, True, pred="33")]
+    assert ev.maj_at_n("aime24", samples)
+    tie = [rec("p", 0, False, pred="12"), rec("p", 1, True, pred="33")]
+    assert not ev.maj_at_n("aime24", tie)
+    assert not ev.maj_at_n("aime24", [rec("p", 0, False, pred=None)])
+
+
+# --- GPQA loader --------------------------------------------------------------------------------------
+
+def test_gpqa_csv_and_zip_load_the_same_shuffled_problems():
+    csv_problems = ev.load_gpqa(str(FIXTURES / "gpqa_synthetic.csv"), seed=0)
+    zip_problems = ev.load_gpqa(str(FIXTURES / "gpqa_synthetic.zip"), seed=0)
+    assert [(p.id, p.problem, p.answer) for p in csv_problems] == [(p.id, p.problem, p.answer) for p in zip_problems]
+    assert len(csv_problems) == 8
+    golds = [p.answer for p in csv_problems]
+    assert len(set(golds)) > 1 and set(golds) <= set("ABCD")  # the correct answer does not always come first
+    first = csv_problems[0]  # synth-001: "what is 2 + 2?", correct answer "4"
+    assert f"{first.answer}) 4\n" in first.problem + "\n"
+    assert first.task == "gpqa" and first.meta["benchmark"] == "gpqa"
+    # the shuffle is fixed by the seed
+    assert [p.answer for p in ev.load_gpqa(str(FIXTURES / "gpqa_synthetic.csv"), seed=0)] == golds
+    assert len(ev.load_gpqa(str(FIXTURES / "gpqa_synthetic.csv"), limit=3)) == 3
+
+
+def test_gpqa_errors_name_the_problem_and_never_show_questions(tmp_path):
+    with pytest.raises(ev.EvalError, match="needs --gpqa-path"):
+        ev.load_gpqa("")
+    with pytest.raises(ev.EvalError, match="GPQA file not found: .*nope.csv"):
+        ev.load_gpqa(str(tmp_path / "nope.csv"))
+    with pytest.raises(ev.EvalError, match="check --gpqa-zip-password"):
+        ev.load_gpqa(str(FIXTURES / "gpqa_synthetic.zip"), password="wrong")
+    bad = tmp_path / "bad.csv"
+    bad.write_text("Question,Correct Answer,Incorrect Answer 1,Incorrect Answer 2\nSecret toy question?,1,2,3\n")
+    with pytest.raises(ev.EvalError, match=r"row 1: missing or empty column 'Incorrect Answer 3'") as e:
+        ev.load_gpqa(str(bad))
+    assert "Secret toy question" not in str(e.value)
+
+
+def test_missing_gpqa_file_on_the_command_line(tmp_path):
+    with pytest.raises(SystemExit, match="GPQA file not found"):
+        ev.main(["--benchmarks", "gpqa", "--gpqa-path", str(tmp_path / "gpqa_diamond.csv")])
+
+
+# --- LiveCodeBench loader (synthetic rows in the code_generation_lite schema) --------------------------
+
+def pickled(cases) -> str:
+    """How LiveCodeBench stores private tests: base64(zlib(pickle(json string)))."""
+    return base64.b64encode(zlib.compress(pickle.dumps(json.dumps(cases)))).decode()
+
+
+def lcb_row(qid, date, public, private, func_name=None, starter=""):
+    return {"question_title": f"toy {qid}", "question_content": f"Synthetic toy problem {qid}.",
+            "platform": "leetcode" if func_name else "atcoder", "question_id": qid, "contest_id": "toy",
+            "contest_date": date, "starter_code": starter, "difficulty": "easy",
+            "public_test_cases": json.dumps(public), "private_test_cases": private,
+            "metadata": json.dumps({"func_name": func_name} if func_name else {})}
+
+
+def write_lcb(folder: Path, rows, name="test.jsonl"):
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / name, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    return folder
+
+
+def stdin_case(i, o):
+    return {"input": i, "output": o, "testtype": "stdin"}
+
+
+def func_case(i, o):
+    return {"input": i, "output": o, "testtype": "functional"}
+
+
+@pytest.fixture()
+def lcb_dir(tmp_path):
+    d = tmp_path / "lcb"
+    write_lcb(d, [
+        lcb_row("s1", "2025-03-10T00:00:00", [stdin_case("2 3\n", "5\n")],
+                pickled([stdin_case("10 20\n", "30\n"), stdin_case("-1 1\n", "0\n")])),
+        lcb_row("old", "2024-11-01T00:00:00", [stdin_case("1\n", "1\n")], json.dumps([])),
+        # ~100 KB of output: more than a default Sandbox keeps, so grading must not cut it
+        lcb_row("b1", "2025-04-15T00:00:00", [stdin_case("50000\n", "7\n" * 50000)], pickled([])),
+    ])
+    write_lcb(d, [
+        lcb_row("f1", "2025-05-31T00:00:00", [func_case("[1, 2]\n3", "[4, 5]")],
+                json.dumps([func_case("[]\n1", "[]")]), func_name="addUp",
+                starter="class Solution:\n    def addUp(self, nums: List[int], k: int) -> List[int]:\n        "),
+        lcb_row("late", "2025-06-01T00:00:00", [stdin_case("1\n", "1\n")], json.dumps([])),
+    ], name="test2.jsonl")
+    return d
+
+
+def test_lcb_loader_window_and_tests(lcb_dir):
+    problems = ev.load_lcb(str(lcb_dir), "2025-02", "2025-05")
+    assert [p.id for p in problems] == ["s1", "b1", "f1"]
+    s1, _, f1 = problems
+    assert s1.tests == [{"input": "2 3\n", "output": "5\n"}, {"input": "10 20\n", "output": "30\n"},
+                        {"input": "-1 1\n", "output": "0\n"}]  # public + unpickled private
+    assert f1.tests == {"call": "addUp", "cases": [{"input": "[1, 2]\n3", "output": "[4, 5]"},
+                                                   {"input": "[]\n1", "output": "[]"}]}
+    assert "def addUp" in f1.problem and "stdin" in s1.problem
+    assert [p.id for p in ev.load_lcb(str(lcb_dir), "2024-01", "2025-12")] == ["s1", "old", "b1", "f1", "late"]
+    assert [p.id for p in ev.load_lcb(str(lcb_dir), ids={"late"})] == ["late"]
+
+
+class _Evil:
+    def __reduce__(self):
+        return (os.system, (f"touch {self.flag}",))
+
+
+def test_lcb_restricted_unpickler_refuses_code(tmp_path):
+    evil = _Evil()
+    evil.flag = tmp_path / "pwned"
+    payload = base64.b64encode(zlib.compress(pickle.dumps(evil))).decode()
+    d = write_lcb(tmp_path / "lcb", [lcb_row("x1", "2025-03-01T00:00:00", [stdin_case("1\n", "1\n")], payload)])
+    with pytest.raises(ev.EvalError, match=r"test.jsonl:1: private test cases: refusing to unpickle global (posix|os)\.system"):
+        ev.load_lcb(str(d))
+    assert not evil.flag.exists()
+    # plain containers are fine, pickled directly or as a JSON string
+    plain = base64.b64encode(zlib.compress(pickle.dumps([{"input": "1", "output": "1"}]))).decode()
+    assert ev.decode_lcb_tests(plain) == [{"input": "1", "output": "1"}]
+
+
+def test_lcb_errors(tmp_path):
+    with pytest.raises(ev.EvalError, match="needs --lcb-dir"):
+        ev.load_lcb("")
+    with pytest.raises(ev.EvalError, match="no LiveCodeBench test\\*.jsonl files"):
+        ev.load_lcb(str(tmp_path))
+    d = write_lcb(tmp_path / "x", [lcb_row("f", "2025-03-01T00:00:00", [func_case("1", "1")], "[]")])
+    with pytest.raises(ev.EvalError, match="test.jsonl:1: functional problem without metadata.func_name"):
+        ev.load_lcb(str(d))
+
+
+# --- records, --score, CLI errors -----------------------------------------------------------------------
+
+def test_unknown_benchmark_is_a_clear_error():
+    with pytest.raises(SystemExit, match="unknown benchmark 'aime26'; known: aime24, aime25, gpqa, lcb"):
+        ev.main(["--benchmarks", "aime24,aime26"])
+
+
+def write_jsonl(path, records):
+    with open(path, "w") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+
+
+def test_malformed_jsonl_lines_are_named(tmp_path):
+    good = {"benchmark": "aime24", "problem_id": "a", "sample_idx": 0, "response": r"\boxed{1}", "gold": "1",
+            "num_tool_calls": 0, "num_tool_errors": 0, "saar": False}
+    path = tmp_path / "r.jsonl"
+    path.write_text(json.dumps(good) + "\n{not json\n")
+    with pytest.raises(SystemExit, match=r"r.jsonl:2: malformed JSON line"):
+        ev.main(["--score", str(path)])
+    write_jsonl(path, [good, {k: v for k, v in good.items() if k != "response"}])
+    with pytest.raises(SystemExit, match=r"r.jsonl:2: missing field 'response'"):
+        ev.main(["--score", str(path)])
+    write_jsonl(path, [dict(good, sample_idx="0")])
+    with pytest.raises(SystemExit, match=r"r.jsonl:1: field 'sample_idx' must be int, got str"):
+        ev.main(["--score", str(path)])
+    write_jsonl(path, [dict(good, benchmark="mmlu")])
+    with pytest.raises(SystemExit, match=r"r.jsonl:1: unknown benchmark 'mmlu'"):
+        ev.main(["--score", str(path)])
+    with pytest.raises(SystemExit, match="responses file not found"):
+        ev.main(["--score", str(tmp_path / "missing.jsonl")])
+
+
+def fake_generate(args, problems):
+    """Stands in for the model: sample 0 answers right (with a leading zero), sample 1 answers 0;
+    every other problem gets one failed tool call."""
+    records = []
+    for j, p in enumerate(problems):
+        for i in range(ev.samples_per_problem(args, p.meta["benchmark"])):
+            text = rf"Thinking... \boxed{{0{p.answer}}}" if i == 0 else r"I give up: \boxed{0}"
+            records.append({"benchmark": p.meta["benchmark"], "problem_id": p.id, "sample_idx": i, "response": text,
+                            "num_tool_calls": j % 2, "num_tool_errors": j % 2, "saar": args.saar == "on",
+                            "meta": {"finish_reason": "stop"}})
+    return records
+
+
+def test_eval_then_score_reproduces_the_numbers(shared_data, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "run.jsonl"
+    monkeypatch.setattr(ev, "generate", fake_generate)
+    first = ev.main(["--model", "smollm2-135m", "--benchmarks", "aime24", "--n", "2", "--limit", "3",
+                     "--data-dir", str(shared_data), "--out", str(out)])
+    printed = capsys.readouterr().out
+    s = first["aime24"]
+    assert (s["problems"], s["n"]) == (3, 2)
+    assert s["mean@n"] == pytest.approx(0.5) and s["pass@k"][2] == pytest.approx(1.0)
+    assert s["tool_use_rate"] == pytest.approx(1 / 3) and s["tool_error_rate"] == pytest.approx(1.0)
+    assert "aime24: 3 problems x 2 samples" in printed and "mean@2" in printed and "maj@2" in printed
+
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(lines) == 6
+    assert set(lines[0]) == {"benchmark", "problem_id", "sample_idx", "response", "pred", "gold", "correct",
+                             "num_tool_calls", "num_tool_errors", "saar", "meta"}
+    assert lines[0]["pred"] == "0" + lines[0]["gold"] and lines[0]["correct"] is True
+    assert lines[1]["correct"] is False
+
+    # --score re-grades from response + gold alone, even after pred/correct are tampered with
+    for r in lines:
+        r["correct"], r["pred"] = not r["correct"], None
+    write_jsonl(out, lines)
+    again = ev.main(["--score", str(out)])
+    assert again == first
+    assert capsys.readouterr().out.strip() == printed.split("responses:")[0].strip()
+
+
+def test_lcb_records_are_scored_in_the_sandbox(lcb_dir, tmp_path, capsys):
+    right_stdin = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
+    right_func = "```python\nclass Solution:\n    def addUp(self, nums, k):\n        return [x + k for x in nums]\n```"
+    wrong = "```python\nprint(0)\n```"
+    right_big = "```python\nprint('\\n'.join(['7'] * int(input())))\n```"
+    records = [
+        {"benchmark": "lcb", "problem_id": "s1", "sample_idx": 0, "response": right_stdin},
+        {"benchmark": "lcb", "problem_id": "s1", "sample_idx": 1, "response": wrong},
+        {"benchmark": "lcb", "problem_id": "f1", "sample_idx": 0, "response": right_func},
+        {"benchmark": "lcb", "problem_id": "f1", "sample_idx": 1, "response": right_func},
+        {"benchmark": "lcb", "problem_id": "b1", "sample_idx": 0, "response": right_big},
+        {"benchmark": "lcb", "problem_id": "b1", "sample_idx": 1, "response": right_big},
+    ]
+    for r in records:
+        r.update(gold=None, num_tool_calls=0, num_tool_errors=0, saar=True)
+    path = tmp_path / "lcb.jsonl"
+    write_jsonl(path, records)
+    s = ev.main(["--score", str(path), "--lcb-dir", str(lcb_dir), "--out", str(tmp_path / "graded.jsonl")])["lcb"]
+    assert s["problems"] == 3
+    assert s["mean@n"] == pytest.approx((0.5 + 1 + 1) / 3) and s["pass@k"][2] == pytest.approx(1.0) and s["maj@n"] is None
+    graded = [json.loads(x) for x in (tmp_path / "graded.jsonl").read_text().splitlines()]
+    assert [g["correct"] for g in graded] == [True, False, True, True, True, True]
+    assert graded[0]["pred"].startswith("a, b = map") and graded[0]["gold"] is None
+    write_jsonl(path, [dict(records[0], problem_id="zzz")])
+    with pytest.raises(SystemExit, match="lcb problems not found"):
+        ev.main(["--score", str(path), "--lcb-dir", str(lcb_dir)])

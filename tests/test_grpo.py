@@ -1,0 +1,443 @@
+"""Tests for grpo.py: advantages, the clipped loss, aggregation, chunked and packed log-probs,
+the update loop (accumulation, NaN guard, learning), and 2-rank FSDP2 equivalence.
+
+The models are tiny random Hugging Face configs built here (the one thing tests may fake).
+"""
+import json
+import math
+import os
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+import transformers
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import grpo  # noqa: E402
+from grpo import NonFiniteLossError, Trajectory  # noqa: E402
+
+V = 300
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # Tiny models are all small ops: one thread is as fast, and far steadier on a busy machine.
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def tiny_model(kind="qwen2", attn="sdpa", seed=0, tie=False):
+    torch.manual_seed(seed)
+    common = dict(vocab_size=V, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, intermediate_size=128, tie_word_embeddings=tie)
+    cfg = {"qwen2": lambda: transformers.Qwen2Config(**common),
+           "qwen3": lambda: transformers.Qwen3Config(head_dim=16, **common),
+           "llama": lambda: transformers.LlamaConfig(**common)}[kind]()
+    return transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=attn).float()
+
+
+def plain_logprobs(model, ids):
+    """Reference: full logits, log_softmax, shift. ids (1, T) -> (T,) with 0 at t=0."""
+    logits = model(input_ids=ids).logits.float()[0]  # (T, V)
+    lp = torch.log_softmax(logits[:-1], -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
+    return torch.cat([torch.zeros(1), lp])
+
+
+def make_batch(lengths, seed=0, prompt=3, adv=None):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i, n in enumerate(lengths):
+        ids = torch.randint(0, V, (n,), generator=g).tolist()
+        mask = [0] * prompt + (torch.rand(n - prompt, generator=g) < 0.8).long().tolist()
+        mask[-1] = 1
+        a = float(torch.randn((), generator=g)) if adv is None else adv[i]
+        old = (-5.0 + 0.3 * torch.randn(n, generator=g)).tolist()
+        out.append(Trajectory(input_ids=ids, loss_mask=mask, advantage=a, old_logp=old))
+    return out
+
+
+# ----------------------------------------------------------------------------- advantages
+
+def test_equal_rewards_give_zero_advantage_and_zero_gradient():
+    rewards = [1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.1, 0.1, 0.1, 0.1]
+    adv, st = grpo.compute_advantages(rewards, group_size=4)
+    assert adv[:4].eq(0).all() and adv[8:].eq(0).all()  # exactly, not approximately
+    assert st["zero_adv_groups"] == 2 and st["n_groups"] == 3
+    s = math.sqrt(1 / 3)  # unbiased std of [0, 1, 0, 1]
+    assert torch.allclose(adv[4:8], torch.tensor([-0.5, 0.5, -0.5, 0.5]) / (s + 1e-6))
+    adv_dr, _ = grpo.compute_advantages(rewards, group_size=4, norm_std=False)
+    assert torch.allclose(adv_dr[4:8], torch.tensor([-0.5, 0.5, -0.5, 0.5]))
+    # group ids in any order and type give the same answer; a lone sample gets 0
+    ids = ["a"] * 4 + ["b"] * 4 + ["c"] * 4
+    perm = torch.randperm(12).tolist()
+    adv_p, _ = grpo.compute_advantages([rewards[i] for i in perm], [ids[i] for i in perm])
+    assert torch.allclose(adv_p, adv[perm])
+    adv1, st1 = grpo.compute_advantages([3.0, 1.0, 2.0], ["x", "y", "y"])
+    assert adv1[0] == 0 and st1["zero_adv_groups"] == 1
+    with pytest.raises(ValueError, match="groups of 4"):
+        grpo.compute_advantages(rewards[:6], group_size=4)
+
+    logp = torch.randn(12, 5, requires_grad=True)
+    loss, _ = grpo.policy_loss(logp, logp.detach() + 0.1, adv[:, None], torch.ones(12, 5))
+    loss.backward()
+    assert logp.grad[:4].eq(0).all() and logp.grad[8:].eq(0).all()
+    assert logp.grad[4:8].abs().gt(0).all()
+
+
+# ----------------------------------------------------------------------------- loss
+
+@pytest.mark.parametrize("agg", grpo.AGG_MODES)
+def test_masked_tokens_get_exactly_zero_gradient(agg):
+    torch.manual_seed(0)
+    logp = torch.randn(3, 6, requires_grad=True)
+    mask = torch.tensor([[0, 1, 1, 0, 1, 0], [0, 0, 1, 1, 1, 1], [0, 1, 0, 0, 0, 0]])
+    old = logp.detach() + 0.3 * torch.randn(3, 6)
+    old[mask == 0] = float("nan")  # garbage where the mask is 0 must not leak
+    isw = torch.full((3, 6), float("nan"))
+    isw[mask == 1] = 0.7
+    ref = torch.where(mask == 1, logp.detach() - 0.2, float("inf"))
+    loss, _ = grpo.policy_loss(logp, old, torch.randn(3, 1), mask, agg=agg, max_len=8, is_weight=isw,
+                               ref_logp=ref, kl_coef=0.1)
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert logp.grad[mask == 0].eq(0).all()
+    assert logp.grad[mask == 1].ne(0).all()
+
+
+def _one_token_loss(ratio, adv, **kw):
+    logp = torch.tensor([[math.log(ratio)]], requires_grad=True)
+    loss, st = grpo.policy_loss(logp, torch.zeros(1, 1), torch.tensor([[adv]]), torch.ones(1, 1), **kw)
+    loss.backward()
+    return loss.item(), logp.grad.item(), st
+
+
+@pytest.mark.parametrize("ratio,adv,want_loss,clipped", [
+    (0.5, 2.0, -1.0, False),     # A > 0: below 1 - 0.2 is not clipped (moving up is wanted)
+    (1.1, 2.0, -2.2, False),
+    (1.5, 2.0, -2.56, True),     # A > 0: capped at 1 + clip_high = 1.28
+    (0.5, -2.0, 1.6, True),      # A < 0: floored at 1 - clip_low = 0.8
+    (1.1, -2.0, 2.2, False),
+    (5.0, -2.0, 10.0, False),    # A < 0 above 1 + clip_high is not clipped (moving down is wanted)
+])
+def test_clipping_bounds_the_ratio(ratio, adv, want_loss, clipped):
+    loss, grad, st = _one_token_loss(ratio, adv, dual_clip_c=None)
+    assert loss == pytest.approx(want_loss, rel=1e-5)
+    # d loss / d logp = -A * ratio unclipped, 0 when clipped
+    assert grad == pytest.approx(0.0 if clipped else -adv * ratio, rel=1e-5, abs=1e-12)
+    assert st["clipfrac"].item() == float(clipped)
+
+
+def test_dual_clip_caps_negative_advantage_losses_only():
+    loss, grad, st = _one_token_loss(50.0, -2.0)  # c = 10: loss -A * c
+    assert loss == pytest.approx(20.0) and grad == 0.0 and st["clipfrac_lower"].item() == 1.0
+    loss, grad, _ = _one_token_loss(50.0, -2.0, dual_clip_c=None)
+    assert loss == pytest.approx(100.0, rel=1e-5) and grad == pytest.approx(100.0, rel=1e-5)
+    loss, grad, st = _one_token_loss(5.0, -2.0)  # under c: untouched
+    assert loss == pytest.approx(10.0, rel=1e-5) and st["clipfrac_lower"].item() == 0.0
+    loss, grad, st = _one_token_loss(50.0, 2.0)  # positive advantage: only clip_high applies
+    assert loss == pytest.approx(-2.56, rel=1e-5) and grad == 0.0 and st["clipfrac_lower"].item() == 0.0
+    with pytest.raises(ValueError, match="dual_clip_c"):
+        _one_token_loss(1.0, -1.0, dual_clip_c=1.0)
+
+
+def test_aggregation_modes_match_hand_computation():
+    # ratio 1 everywhere, so the per-token loss is -A.
+    adv = torch.tensor([[1.0, 2.0, 3.0, 4.0], [1.0, 1.0, 1.0, 5.0]])
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]])  # row sums of -A: -3 over 2 tokens, -8 over 4
+    logp = torch.zeros(2, 4)
+    want = {"token-mean": -11 / 6, "seq-mean-token-sum": -5.5, "seq-mean-token-mean": (-1.5 - 2.0) / 2,
+            "seq-mean-token-sum-norm": (-3 - 8) / 2 / 10}
+    for agg, w in want.items():
+        loss, _ = grpo.policy_loss(logp, logp, adv, mask, agg=agg, max_len=10)
+        assert loss.item() == pytest.approx(w), agg
+        # the same two sequences packed into one row, told apart by seq_ids
+        packed = lambda x: x.reshape(1, -1)  # noqa: E731
+        seq = torch.tensor([[0, 0, 0, 0, 1, 1, 1, 1]])
+        loss_p, _ = grpo.policy_loss(packed(logp), packed(logp), packed(adv), packed(mask), agg=agg,
+                                     max_len=10, seq_ids=seq)
+        assert loss_p.item() == pytest.approx(w), agg
+    # a given normaliser replaces the local count (tokens for token-mean, sequences otherwise)
+    assert grpo.policy_loss(logp, logp, adv, mask, normaliser=11)[0].item() == pytest.approx(-1.0)
+    assert grpo.policy_loss(logp, logp, adv, mask, agg="seq-mean-token-sum", normaliser=4)[0].item() == \
+        pytest.approx(-11 / 4)
+    with pytest.raises(ValueError, match="max_len"):
+        grpo.policy_loss(logp, logp, adv, mask, agg="seq-mean-token-sum-norm")
+    with pytest.raises(ValueError, match="agg"):
+        grpo.policy_loss(logp, logp, adv, mask, agg="sum")
+
+
+def test_kl_terms_and_importance_weight():
+    logp = torch.zeros(1, 2, requires_grad=True)
+    ref = torch.full((1, 2), math.log(2.0))
+    mask = torch.ones(1, 2)
+    zero_adv = torch.zeros(1, 2)
+    assert grpo.policy_loss(logp, logp.detach(), zero_adv, mask, ref_logp=ref)[0].item() == 0.0  # KL off
+    k1, st = grpo.policy_loss(logp, logp.detach(), zero_adv, mask, ref_logp=ref, kl_coef=0.5, kl_type="kl")
+    assert k1.item() == pytest.approx(0.5 * -math.log(2.0)) and st["kl"].item() == pytest.approx(-math.log(2))
+    k3, _ = grpo.policy_loss(logp, logp.detach(), zero_adv, mask, ref_logp=ref, kl_coef=0.5)
+    assert k3.item() == pytest.approx(0.5 * (2.0 - math.log(2.0) - 1.0))  # exp(d) - d - 1, d = ref - logp
+    with pytest.raises(ValueError, match="ref_logp"):
+        grpo.policy_loss(logp, logp.detach(), zero_adv, mask, kl_coef=0.1)
+
+    adv = torch.tensor([[1.0, 3.0]])
+    isw = torch.tensor([[1.0, 0.5]], requires_grad=True)
+    loss, _ = grpo.policy_loss(logp, logp.detach(), adv, mask, is_weight=isw)
+    loss.backward()
+    assert loss.item() == pytest.approx(-(1.0 + 1.5) / 2)
+    assert isw.grad is None  # detached
+    assert logp.grad[0].tolist() == pytest.approx([-0.5, -0.75])
+
+
+# ----------------------------------------------------------------------------- log-probs
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_chunked_logprobs_equal_plain_values_and_gradients(tie):
+    model = tiny_model("qwen3", tie=tie)
+    ids = torch.randint(0, V, (1, 37), generator=torch.Generator().manual_seed(1))
+    pos = torch.arange(37)[None]
+    w = torch.randn(37)
+    ref = plain_logprobs(model, ids)
+    (ref * w).sum().backward()
+    g_ref = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    def saved_activations(fn):
+        """Shapes of the tensors autograd keeps for backward while fn runs, weights excluded."""
+        weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        shapes = []
+        def pack(t):
+            if t.untyped_storage().data_ptr() not in weights:
+                shapes.append(tuple(t.shape))
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = fn()
+        return out, [s for s in shapes if s and s[-1] == V]  # logits-like: (..., vocab)
+    lp, logit_like = saved_activations(lambda: grpo.token_logprobs(model, ids, pos, chunk_size=5)[0])
+    assert torch.allclose(lp, ref, atol=1e-5) and lp[0] == 0
+    (lp * w).sum().backward()
+    for n, p in model.named_parameters():
+        assert torch.allclose(p.grad, g_ref[n], atol=1e-5, rtol=1e-4), n
+    # no (tokens x vocab) logits are kept for backward: the chunks are recomputed
+    assert all(math.prod(s) <= 5 * V for s in logit_like), logit_like
+    _, plain_kept = saved_activations(lambda: plain_logprobs(model, ids))
+    assert max(math.prod(s) for s in plain_kept) >= 36 * V  # the control does keep them
+    # with a mask, only those positions are computed
+    mask = torch.zeros(1, 37, dtype=torch.bool)
+    mask[0, [3, 10, 36]] = True
+    with torch.no_grad():
+        lp_m = grpo.token_logprobs(model, ids, pos, mask=mask, chunk_size=2)[0]
+    assert torch.allclose(lp_m[mask[0]], ref[mask[0]].detach(), atol=1e-5) and lp_m[~mask[0]].eq(0).all()
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_packed_row_equals_each_sequence_alone(kind, attn):
+    model = tiny_model(kind, attn).eval()
+    g = torch.Generator().manual_seed(2)
+    seqs = [torch.randint(0, V, (n,), generator=g) for n in (5, 9, 7)]
+    ids = torch.cat(seqs)[None]
+    pos = torch.cat([torch.arange(len(s)) for s in seqs])[None]
+    with torch.no_grad():
+        packed = grpo.token_logprobs(model, ids, pos)[0]
+        alone = torch.cat([grpo.token_logprobs(model, s[None], torch.arange(len(s))[None])[0] for s in seqs])
+        # control: without restarting positions the sequences attend to each other
+        leaky = grpo.token_logprobs(model, ids, torch.arange(ids.shape[1])[None])[0]
+    assert torch.allclose(packed, alone, atol=1e-5)
+    assert not torch.allclose(leaky[5:], alone[5:], atol=1e-3)
+    # the padded layout (the bench's baseline) agrees too
+    trajs = [Trajectory(input_ids=s.tolist(), loss_mask=[0] + [1] * (len(s) - 1)) for s in seqs]
+    mb = grpo.collate(trajs, packed=False)
+    with torch.no_grad():
+        padded = grpo.token_logprobs(model, mb.input_ids, mb.position_ids, attention_mask=mb.attention_mask,
+                                     mask=mb.loss_mask)
+    assert torch.allclose(padded[mb.loss_mask], alone[alone != 0], atol=1e-5)
+
+
+def test_compute_old_logprobs_splits_packed_rows_back():
+    model = tiny_model()
+    batch = make_batch([12, 30, 7, 19, 25])
+    with torch.no_grad():
+        want = [plain_logprobs(model, torch.tensor([t.input_ids])) * torch.tensor(t.loss_mask) for t in batch]
+    got = grpo.compute_old_logprobs(model, batch, max_tokens_per_micro=40, chunk_size=8)
+    assert model.training  # mode restored
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and torch.allclose(g, w, atol=1e-5)
+
+
+def test_pack_first_fit_decreasing():
+    lengths = [5, 9, 7, 3, 8, 2]
+    bins = grpo.pack(lengths, 10)
+    assert sorted(i for b in bins for i in b) == list(range(6))
+    assert all(sum(lengths[i] for i in b) <= 10 for b in bins)
+    assert len(bins) == 4  # 34 tokens need at least 4 bins of 10
+    assert bins == [[1], [4, 5], [2, 3], [0]]
+    more = grpo._split_to(bins, 7, lengths)
+    assert len(more) == 7 and sorted(i for b in more for i in b) == list(range(6))
+    assert all(sum(lengths[i] for i in b) <= 10 for b in more) and more.count([]) == 1
+    with pytest.raises(ValueError, match="trajectory 1 has 9 tokens"):
+        grpo.pack(lengths, 8)
+
+
+def test_check_batch_names_the_bad_trajectory():
+    batch = make_batch([6, 8])
+    batch[1].loss_mask = batch[1].loss_mask[:-1]
+    with pytest.raises(ValueError, match="trajectory 1: loss_mask has 7 entries"):
+        grpo.check_batch(batch)
+    batch = make_batch([6, 8])
+    batch[0].old_logp = None
+    with pytest.raises(ValueError, match="trajectory 0: old_logp is missing"):
+        grpo.check_batch(batch)
+    batch = make_batch([6, 8])
+    batch[1].loss_mask[0] = 1
+    with pytest.raises(ValueError, match="trajectory 1: loss_mask\\[0\\]"):
+        grpo.check_batch(batch)
+
+
+# ----------------------------------------------------------------------------- update
+
+def _params(model):
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("agg", grpo.AGG_MODES)
+def test_global_normaliser_makes_micro_batches_equal_one_batch(agg):
+    lengths = [40, 12, 33, 9, 27, 18, 50, 6]
+    batch = make_batch(lengths)
+    kw = dict(mini_batch_size=8, grad_clip=None, agg=agg, max_len=64)
+    results = []
+    for max_tokens, ckpt in [(1000, False), (60, False), (60, True)]:  # 1 micro-batch vs several
+        model = tiny_model()
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        st = grpo.update(model, opt, None, batch, max_tokens_per_micro=max_tokens, gradient_checkpointing=ckpt, **kw)
+        results.append((st, _params(model), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    assert results[0][0]["n_micro_batches"] == 1 and results[1][0]["n_micro_batches"] >= 4
+    for st, params, grads in results[1:]:
+        assert st["loss"] == pytest.approx(results[0][0]["loss"], rel=1e-5)
+        for n in grads:
+            assert torch.allclose(grads[n], results[0][2][n], atol=1e-7, rtol=1e-4), n
+            assert torch.allclose(params[n], results[0][1][n], atol=1e-6), n
+
+    # two half-batches, each normalised by the global count, sum to the full batch's gradient;
+    # normalising each half by its own count does not (this is what the normaliser fixes)
+    def grads_of(parts, global_norm):
+        model = tiny_model()
+        for part in parts:
+            mb = grpo.collate(part)
+            lp = grpo.token_logprobs(model, mb.input_ids, mb.position_ids, mask=mb.loss_mask)
+            norm = grpo.loss_normaliser(batch, agg) if global_norm else None
+            loss, _ = grpo.policy_loss(lp, mb.old_logp, mb.adv, mb.loss_mask, agg=agg, max_len=64,
+                                       seq_ids=mb.seq_ids, normaliser=norm)
+            loss.backward()
+        return torch.cat([p.grad.flatten() for p in model.parameters()])
+    full = grads_of([batch], True)
+    halves = grads_of([batch[:4], batch[4:]], True)
+    assert torch.allclose(full, halves, atol=1e-7, rtol=1e-4)
+    assert not torch.allclose(full, grads_of([batch[:4], batch[4:]], False), atol=1e-6, rtol=1e-3)
+
+
+def test_nonfinite_loss_raises_before_weights_change():
+    for field in ("old_logp", "is_weight"):
+        model = tiny_model()
+        opt, sched = grpo.make_optimizer(model, lr=1e-3, warmup_steps=2)
+        before = _params(model)
+        batch = make_batch([20, 15, 30, 12])
+        t = batch[2]
+        bad_t = t.loss_mask.index(1, 5)
+        vals = list(t.old_logp) if field == "old_logp" else [1.0] * len(t.input_ids)
+        vals[bad_t] = float("nan") if field == "old_logp" else float("inf")
+        setattr(t, field, vals)
+        with pytest.raises(NonFiniteLossError, match="trajectories \\[2\\]"):
+            grpo.update(model, opt, sched, batch, mini_batch_size=4, max_tokens_per_micro=32)
+        after = _params(model)
+        assert all(torch.equal(before[n], after[n]) for n in before)
+        assert not opt.state and sched.last_epoch == 0
+        assert all(p.grad is None for p in model.parameters())
+
+
+def test_training_on_a_learnable_reward_raises_it():
+    """Reward = fraction of response tokens with id < 30 (10% under a uniform policy)."""
+    model = tiny_model(seed=3)
+    opt, sched = grpo.make_optimizer(model, lr=1e-2, warmup_steps=1, weight_decay=0.0)
+    g = torch.Generator().manual_seed(0)
+    prompts = [[1, 2, 3], [4, 5, 6], [7, 8, 9], [10, 11, 12]]
+    n, resp_len = 8, 6
+
+    def good_mass():
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor(prompts)).logits[:, -1]
+        return torch.softmax(logits, -1)[:, :30].sum(-1).mean().item()
+
+    def sample():
+        with torch.no_grad():
+            ids = torch.tensor(prompts).repeat_interleave(n, 0)  # (P * n, 3)
+            for _ in range(resp_len):
+                probs = torch.softmax(model(input_ids=ids).logits[:, -1].float(), -1)
+                ids = torch.cat([ids, torch.multinomial(probs, 1, generator=g)], 1)
+        return ids
+
+    start = good_mass()
+    rewards_seen = []
+    for step in range(8):
+        ids = sample()
+        rewards = (ids[:, 3:] < 30).float().mean(1)
+        rewards_seen.append(rewards.mean().item())
+        adv, _ = grpo.compute_advantages(rewards, group_size=n)
+        batch = [Trajectory(input_ids=row.tolist(), loss_mask=[0] * 3 + [1] * resp_len, advantage=a)
+                 for row, a in zip(ids, adv.tolist())]
+        for t, lp in zip(batch, grpo.compute_old_logprobs(model, batch, max_tokens_per_micro=64)):
+            t.old_logp = lp
+        st = grpo.update(model, opt, sched, batch, mini_batch_size=16, max_tokens_per_micro=64)
+        assert st["n_mini_batches"] == 2 and math.isfinite(st["loss"])
+    end = good_mass()
+    assert start < 0.15 and end > 2 * start, (start, end, rewards_seen)
+
+
+# ----------------------------------------------------------------------------- distributed
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank, world, port, out_dir):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    model = tiny_model()
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    batch = make_batch(DIST_LENGTHS)
+    # rank r holds half of each mini-batch of 8 (of 7 for the last); rank 0 gets the long ones, so
+    # rank 1 must split its micro-batches and, in the last mini-batch, run an empty dummy one
+    mine = [t for k in (0, 8) for t in (batch[k:k + 4] if rank == 0 else batch[k + 4:k + 8])]
+    st = grpo.update(model, opt, None, mine, mini_batch_size=4, max_tokens_per_micro=60, grad_clip=1.0)
+    params = {n: p.full_tensor().tolist() for n, p in model.named_parameters()}
+    if rank == 0:
+        Path(out_dir, "params.json").write_text(json.dumps({"params": params, "grad_norm": st["grad_norm"]}))
+    dist.destroy_process_group()
+
+
+DIST_LENGTHS = [50, 44, 38, 47, 6, 9, 12, 8, 41, 55, 30, 36, 10, 7, 5]
+
+
+def test_two_fsdp2_ranks_equal_one_process(tmp_path):
+    model = tiny_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    st = grpo.update(model, opt, None, make_batch(DIST_LENGTHS), mini_batch_size=8, max_tokens_per_micro=60,
+                     grad_clip=1.0)
+    mp.spawn(_rank_main, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    got = json.loads((tmp_path / "params.json").read_text())
+    assert got["grad_norm"] == pytest.approx(st["grad_norm"], rel=1e-4)
+    for n, p in model.named_parameters():
+        assert torch.allclose(torch.tensor(got["params"][n]), p.detach(), atol=1e-6), n

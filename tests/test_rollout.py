@@ -1,0 +1,70 @@
+"""Rollouts with real models on the HF engine: log-probs, masks and round trips; a SmolLM2 run on real data."""
+import asyncio
+import json
+
+import pytest
+import torch
+
+import rollout
+from data.models import load_model, load_tokenizer
+from data.problems import load_named
+from engine import HFEngine
+from sandbox import Sandbox
+
+
+@pytest.fixture(scope="module")
+def sb():
+    with Sandbox(slots=2, timeout_s=4.0) as s:
+        yield s
+
+
+def forward_logprobs(model, ids):
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, :-1].float()  # (T-1, V)
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]  # (T-1,)
+
+
+@pytest.mark.parametrize("name,fmt", [("tiny-qwen3", "hermes"), ("tiny-bytes", "markdown")])
+def test_rollout_logprobs_match_a_fresh_forward_pass(name, fmt, sb):
+    tok, model = load_tokenizer(name), load_model(name).eval()
+    eng = HFEngine(model, tok, max_batch=8)
+    problems = ["What is 2+2?", "Compute 3**5.", "Count primes below 100."]
+    prompts = [rollout.prompt_ids(tok, p, "math", fmt) for p in problems]
+    trajs = asyncio.run(rollout.rollout_batch(eng, sb, tok, prompts, seeds=[1, 2, 3], tool_format=fmt,
+                                              max_turns=3, max_response_tokens=48, temperature=1.0))
+    eng.shutdown()
+    for tr, p in zip(trajs, prompts):
+        assert tr.prompt_ids == p
+        assert len(tr.response_ids) == len(tr.loss_mask) == len(tr.logprobs) > 0
+        assert len(tr.response_ids) <= 48
+        assert tok.decode(tr.response_ids, skip_special_tokens=False) == tr.text
+        ref = forward_logprobs(model, tr.prompt_ids + tr.response_ids)[len(p) - 1:]  # log p(response token t)
+        sampled = torch.tensor(tr.logprobs)
+        m = torch.tensor(tr.loss_mask, dtype=torch.bool)
+        assert m[0], "the first response token is sampled"
+        torch.testing.assert_close(sampled[m], ref[m], atol=2e-4, rtol=1e-4)
+        assert (sampled[~m] == 0).all()
+
+
+def test_smollm2_rollout_on_real_problems_writes_jsonl(sb, shared_data, tmp_path):
+    tok, model = load_tokenizer("smollm2-135m"), load_model("smollm2-135m").eval()
+    eng = HFEngine(model, tok, max_batch=8)
+    probs = load_named("aime24", data_dir=shared_data, limit=2) + load_named("math_train", data_dir=shared_data,
+                                                                             limit=2, on_error="skip")
+    prompts = [rollout.prompt_ids(tok, p.problem, p.task, "markdown") for p in probs]
+    trajs = asyncio.run(rollout.rollout_batch(eng, sb, tok, prompts, seeds=list(range(len(prompts))),
+                                              metas=[{"id": p.id} for p in probs], tool_format="markdown",
+                                              max_turns=3, max_response_tokens=160, temperature=1.0))
+    eng.shutdown()
+    path = tmp_path / "rollouts.jsonl"
+    with open(path, "w") as f:
+        for tr in trajs:
+            f.write(json.dumps(tr.to_json()) + "\n")
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["meta"]["id"] for r in rows] == [p.id for p in probs]
+    for r in rows:
+        assert r["finish_reason"] in ("answer", "length", "max_turns", "max_tool_calls")
+        assert r["text"] and len(r["response_ids"]) == len(r["loss_mask"])
+        for t in r["turns"]:  # every call the model made was executed and its result recorded
+            assert t["error_kind"] in ("none", "exception", "syntax", "timeout", "memory", "output_limit", "crash",
+                                       "malformed")

@@ -1,0 +1,185 @@
+"""Rollout and SAAR with a scripted model against the real sandbox: every path of the loop."""
+import asyncio
+import json
+
+import pytest
+
+import rollout
+import saar
+from data.models import load_tokenizer
+from fakes import ScriptedEngine
+from sandbox import Sandbox
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer("tiny-qwen3")
+
+
+@pytest.fixture(scope="module")
+def sb():
+    with Sandbox(slots=2, timeout_s=2.0) as s:
+        yield s
+
+
+def call(code, reasoning="Let me compute.\n"):
+    return reasoning + "<tool_call>\n" + json.dumps({"name": "code_interpreter", "arguments": {"code": code}}) + "\n</tool_call>"
+
+
+def ids(tok, text):
+    return tok.encode(text, add_special_tokens=False)
+
+
+def tool_ids(tok, text, ended=False):
+    return ids(tok, rollout.tool_turn_text(text, "hermes", ended))
+
+
+def run(tok, sb, turns, **kw):
+    eng = ScriptedEngine(tok, turns)
+    prompt = rollout.prompt_ids(tok, "What is 6*7?", "math", "hermes")
+    kw.setdefault("tool_format", "hermes")
+    traj = asyncio.run(rollout.rollout_one(eng, sb, tok, prompt, seed=1, **kw))
+    return traj, eng, prompt
+
+
+def segments(traj):
+    """(mask, ids) runs of the response."""
+    out, cur = [], None
+    for t, m in zip(traj.response_ids, traj.loss_mask):
+        if cur is None or cur[0] != m:
+            cur = (m, [])
+            out.append(cur)
+        cur[1].append(t)
+    return out
+
+
+def test_success_token_in_token_out(tok, sb):
+    turns = [call("print(6*7)"), "So the answer is \\boxed{42}.<|im_end|>"]
+    traj, eng, prompt = run(tok, sb, turns)
+    t1, t2 = ids(tok, turns[0]), ids(tok, turns[1])
+    tr = tool_ids(tok, "42\n")
+    assert traj.response_ids == t1 + tr + t2  # exactly what the engine returned plus what the tool appended
+    assert traj.loss_mask == [1] * len(t1) + [0] * len(tr) + [1] * len(t2)
+    assert traj.logprobs == [-0.25] * len(t1) + [0.0] * len(tr) + [-0.25] * len(t2)
+    assert eng.inputs[1] == prompt + t1 + tr  # the second turn saw the appended tokens, not a re-template
+    assert traj.finish_reason == "answer" and not traj.truncated
+    assert traj.num_tool_calls == 1 and traj.num_tool_errors == 0
+    assert tok.decode(traj.response_ids) == traj.text
+    assert "<tool_response>\n42\n\n</tool_response><|im_end|>\n<|im_start|>assistant\n" in traj.text
+    assert traj.turns[0]["ok"] and traj.turns[0]["error_kind"] == "none"
+
+
+def test_exception_is_shown_and_kept_without_saar(tok, sb):
+    turns = [call("x = 1/0"), "\\boxed{0}<|im_end|>"]
+    traj, _, _ = run(tok, sb, turns)
+    assert traj.turns[0]["error_kind"] == "exception" and traj.turns[0]["exception_type"] == "ZeroDivisionError"
+    assert "ZeroDivisionError" in traj.text and traj.num_tool_errors == 1
+    assert len(traj.turns[0]["output"]) <= 256 + len("...(truncated)...")
+
+
+def test_timeout(tok, sb):
+    traj, _, _ = run(tok, sb, [call("while True:\n    pass"), "\\boxed{1}<|im_end|>"])
+    assert traj.turns[0]["error_kind"] == "timeout"
+
+
+def test_malformed_call_is_a_tool_error(tok, sb):
+    bad = "Let me compute.\n<tool_call>\n{\"name\": \"code_interpreter\", \"arguments\": {\"code\": \"print(1)\"\n</tool_call>"
+    traj, _, _ = run(tok, sb, [bad, "\\boxed{1}<|im_end|>"])
+    assert traj.turns[0]["error_kind"] == "malformed"
+    assert "invalid JSON" in traj.turns[0]["output"]
+    assert "<tool_response>\nmalformed tool call: invalid JSON" in traj.text
+
+
+def test_turn_cap(tok, sb):
+    traj, _, _ = run(tok, sb, [call("print(1)"), call("print(2)"), call("print(3)")], max_turns=2)
+    assert traj.finish_reason == "max_turns" and traj.num_tool_calls == 2
+
+
+def test_tool_call_cap(tok, sb):
+    traj, _, _ = run(tok, sb, [call("print(1)"), call("print(2)"), call("print(3)")], max_tool_calls=2)
+    assert traj.finish_reason == "max_tool_calls" and traj.num_tool_calls == 2
+
+
+def test_length_cap(tok, sb):
+    traj, _, _ = run(tok, sb, [call("print(" + "1+" * 200 + "1)")], max_response_tokens=40)
+    assert traj.finish_reason == "length" and traj.truncated
+    assert len(traj.response_ids) <= 40
+
+
+# --------------------------------------------------------------------------- SAAR
+
+SAAR = saar.SaarConfig()
+
+
+def test_error_fix_success_is_purified(tok, sb):
+    reasoning = "Sum 0..9 with code.\n"
+    bad = call("print(sum(range(10))", reasoning)
+    fixed = call("print(sum(range(10)))", "I forgot a parenthesis.\n")
+    turns = [bad, fixed, "\\boxed{45}<|im_end|>"]
+    traj, eng, prompt = run(tok, sb, turns, saar_cfg=SAAR, saar_p=1.0)
+    assert traj.saar and [e["kind"] for e in traj.saar_events] == ["shallow"]
+    assert traj.saar_events[0]["error_kind"] == "syntax"
+    # the regeneration saw the failed turn and the error
+    assert eng.inputs[1][:len(prompt) + len(ids(tok, bad))] == prompt + ids(tok, bad)
+    assert "SyntaxError" in tok.decode(eng.inputs[1])
+    # the final trajectory holds neither: it is the purified conversation, token for token
+    purified_call = call("print(sum(range(10)))", reasoning)
+    k = saar.split_turn(ids(tok, bad), tokenizer=tok)
+    want = ids(tok, bad)[:k] + ids(tok, fixed)[saar.split_turn(ids(tok, fixed), tokenizer=tok):]
+    assert tok.decode(want) == purified_call
+    assert traj.response_ids == want + tool_ids(tok, "45\n") + ids(tok, turns[2])
+    assert "SyntaxError" not in traj.text and "range(10))\"" not in traj.text
+    assert [m for m, _ in segments(traj)] == [1, 0, 1]
+    assert len(traj.loss_mask) == len(traj.response_ids) == len(traj.logprobs)
+    assert traj.num_tool_calls == 2 and traj.num_tool_errors == 1
+    assert len(traj.turns) == 1 and traj.turns[0]["ok"]
+
+
+def test_three_failures_give_up_and_keep_error(tok, sb):
+    fails = [call(f"print(undefined_{i})") for i in range(4)]
+    turns = fails + [call("print(also_undefined)"), "\\boxed{0}<|im_end|>"]
+    traj, eng, _ = run(tok, sb, turns, saar_cfg=SAAR, saar_p=1.0)
+    kinds = [e["kind"] for e in traj.saar_events]
+    assert kinds == ["shallow", "shallow", "shallow", "given_up"]
+    assert "NameError" in traj.text and "undefined_3" in traj.text
+    assert "failed 4 times" in traj.text  # the give-up note
+    # SAAR is off afterwards: the next failure stays in context, unrolled
+    assert "also_undefined" in traj.text and traj.text.count("NameError") == 2
+    assert traj.num_tool_calls == 5 and not traj.saar_events[-1]["similarity"]
+    assert [m for m, _ in segments(traj)] == [1, 0, 1, 0, 1]
+
+
+def test_regenerated_answer_keeps_error_and_turns_saar_off(tok, sb):
+    turns = [call("print(1/0)"), "I'll just answer: \\boxed{7}<|im_end|>"]
+    traj, _, _ = run(tok, sb, turns, saar_cfg=SAAR, saar_p=1.0)
+    assert [e["kind"] for e in traj.saar_events] == ["answered"]
+    assert "ZeroDivisionError" in traj.text and traj.text.endswith("\\boxed{7}<|im_end|>")
+    assert traj.finish_reason == "answer"
+    assert [m for m, _ in segments(traj)] == [1, 0, 1]
+
+
+def test_rollback_p0_is_bit_identical_to_plain(tok, sb):
+    turns = [call("print(1/0)"), call("print(1/1)"), "\\boxed{1}<|im_end|>"]
+    plain, _, _ = run(tok, sb, list(turns))
+    off, _, _ = run(tok, sb, list(turns), saar_cfg=SAAR, saar_p=0.0)
+    assert not off.saar and off.saar_events == []
+    for f in ("response_ids", "loss_mask", "logprobs", "finish_reason", "turns", "text"):
+        assert getattr(off, f) == getattr(plain, f), f
+
+
+def test_stateful_session_rollback_restores_state(tok, sb):
+    turns = [call("x = 5\nprint(x)"), call("x = 100\nprint(1/0)"), call("print(x)", "Retry.\n"),
+             "\\boxed{5}<|im_end|>"]
+    traj, _, _ = run(tok, sb, turns, saar_cfg=SAAR, saar_p=1.0, stateful=True)
+    outputs = [t["output"] for t in traj.turns]
+    assert outputs == ["5\n", "5\n"]  # the failed cell's assignment was rolled back with it
+    assert "ZeroDivisionError" not in traj.text
+
+
+def test_importance_correction_token_mode(tok, sb):
+    cfg = saar.SaarConfig(is_mode="token", is_cap=2.0)
+    bad, fixed = call("print(sum(range(10))"), call("print(sum(range(10)))", "fix\n")
+    traj, _, _ = run(tok, sb, [bad, fixed, "\\boxed{45}<|im_end|>"], saar_cfg=cfg, saar_p=1.0)
+    assert traj.is_weight is not None and len(traj.is_weight) == len(traj.response_ids)
+    # the scripted score equals the sampled log-prob, so every weight is exactly 1
+    assert set(traj.is_weight) == {1.0}

@@ -1,0 +1,194 @@
+"""sft.py: the SFT sequences are the rollout's layout token for token, masks, training, saving, the warm-start cache."""
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import rollout
+import sft
+from data import synth
+from data.models import load_model, load_tokenizer
+from fakes import ScriptedEngine
+from sandbox import Sandbox
+
+
+@pytest.fixture(scope="module")
+def sb():
+    with Sandbox(slots=2, timeout_s=4.0) as s:
+        yield s
+
+
+def segments(ids, mask):
+    """Runs of equal mask: [(mask, ids), ...]."""
+    out = []
+    for t, m in zip(ids, mask):
+        if not out or out[-1][0] != m:
+            out.append((m, []))
+        out[-1][1].append(t)
+    return out
+
+
+@pytest.mark.parametrize("name,fmt", [("tiny-qwen3", "hermes"), ("tiny-qwen3", "markdown"), ("tiny-bytes", "markdown")])
+def test_layout_is_the_rollouts_token_for_token(name, fmt, sb):
+    tok = load_tokenizer(name)
+    convs = sft.synth_conversations(3, seed=5, tool_format=fmt)
+    problems = synth.make_problems(3, 5, difficulty="warmup")
+    for conv, prob in zip(convs, problems):
+        ids, mask = sft.encode_conversation(tok, conv["messages"], tool_format=fmt)
+        # built by hand from rollout.py's pieces: the model's call turn stops at the stop marker
+        turn = conv["messages"][1]["content"] + ("\n" if fmt == "markdown" else "")
+        stdout = sb.run(rollout.parse_call(turn, fmt).code).text  # what the sandbox shows, e.g. "350\n"
+        final = conv["messages"][3]["content"]
+        enc = lambda s: tok.encode(s, add_special_tokens=False)  # noqa: E731
+        prompt = rollout.prompt_ids(tok, prob.problem, "math", fmt)
+        expected = prompt + enc(turn) + enc(rollout.tool_turn_text(stdout, fmt, ended=False)) + enc(final) + [tok.eos_token_id]
+        assert ids == expected
+        assert mask == [0] * len(prompt) + [1] * len(enc(turn)) + [0] * len(enc(rollout.tool_turn_text(stdout, fmt, False))) \
+            + [1] * (len(enc(final)) + 1)
+        # the call turn ends exactly where generation stops, and nowhere earlier
+        stop_ids, stop_strs = rollout.stop_conditions(tok, fmt)
+        if stop_strs:
+            assert turn.endswith(stop_strs[0]) and turn.count(stop_strs[0]) == 1
+        else:
+            assert enc(turn)[-1] in stop_ids and sum(t in stop_ids for t in enc(turn)) == 1
+
+        # a real rollout whose model samples exactly the masked tokens builds the same sequence and mask
+        model_turns = [tok.decode(t) for m, t in segments(ids, mask) if m == 1]
+        eng = ScriptedEngine(tok, model_turns)
+        traj = asyncio.run(rollout.rollout_one(eng, sb, tok, prompt, tool_format=fmt, seed=0))
+        assert eng.outputs == [t for m, t in segments(ids, mask) if m == 1]
+        assert traj.finish_reason == "answer" and traj.num_tool_calls == 1 and traj.turns[0]["ok"]
+        assert traj.prompt_ids + traj.response_ids == ids
+        assert [0] * len(traj.prompt_ids) + traj.loss_mask == mask
+        assert traj.turns[0]["output"].strip() == prob.answer
+
+
+def test_openai_messages_with_tool_calls(tmp_path):
+    tok = load_tokenizer("tiny-qwen3")
+    code = "x = 2 ** 10\nprint(x)"
+    row = {"messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is 2^10?"},
+        {"role": "assistant", "content": "I will compute it.", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "python", "arguments": json.dumps({"code": code})}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "1024\n" + "x" * 600},
+        {"role": "assistant", "content": "So \\boxed{1024}."}]}
+    path = tmp_path / "conv.jsonl"
+    path.write_text(json.dumps(row) + "\n\n" + json.dumps({"messages": row["messages"][:3] + row["messages"][4:]}) + "\n")
+    rows = sft.load_conversations(str(path))
+    assert [w for w, _ in rows] == [f"{path}:1", f"{path}:3"]
+
+    for fmt in ("markdown", "hermes"):
+        ids, mask = sft.encode_conversation(tok, rows[0][1], tool_format=fmt)
+        segs = segments(ids, mask)
+        assert [m for m, _ in segs] == [0, 1, 0, 1]
+        head = tok.apply_chat_template(row["messages"][:2], tools=[rollout.TOOL_SCHEMA] if fmt == "hermes" else None,
+                                       add_generation_prompt=True, tokenize=True, return_dict=False)
+        assert segs[0][1] == list(head)
+        call = tok.decode(segs[1][1])
+        assert call.startswith("I will compute it.") and rollout.parse_call(call, fmt).code.strip() == code
+        if fmt == "markdown":
+            assert call.endswith("\nprint(x)\n```\n")
+        else:  # renamed to the rollout's tool
+            assert call.endswith("</tool_call>") and '"name": "code_interpreter"' in call
+        tool = tok.decode(segs[2][1])
+        assert tool == rollout.tool_turn_text(rollout.truncate_middle("1024\n" + "x" * 600, 256), fmt, ended=False)
+        assert tok.decode(segs[3][1]) == "So \\boxed{1024}.<|im_end|>"
+
+    # the second row calls a tool but gets no result: skipped with its location; nothing usable left -> error
+    with pytest.raises(ValueError, match="no usable conversations"):
+        sft.build_dataset(tok, data=_write(tmp_path, [rows[1][1]]), n=0,
+                          tool_format="markdown", tool_output_chars=256, max_len=4096, seed=0)
+    seqs = sft.build_dataset(tok, data=str(path), n=0, tool_format="hermes", tool_output_chars=256, max_len=4096, seed=0)
+    assert len(seqs) == 1
+
+
+def _write(tmp_path, convs, name="rows.jsonl"):
+    p = tmp_path / name
+    p.write_text("".join(json.dumps({"messages": c}) + "\n" for c in convs))
+    return str(p)
+
+
+@pytest.mark.parametrize("msgs,err", [
+    ([{"role": "assistant", "content": "hi"}], "no user message"),
+    ([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}, {"role": "user", "content": "q2"}],
+     "last message must be the assistant"),
+    ([{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [
+        {"function": {"name": "python", "arguments": {"code": "1"}}}, {"function": {"name": "python", "arguments": {}}}]},
+      {"role": "tool", "content": "1"}, {"role": "assistant", "content": "a"}], "2 tool calls in one turn"),
+    ([{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [
+        {"function": {"name": "python", "arguments": "{\"cmd\": \"ls\"}"}}]},
+      {"role": "tool", "content": "1"}, {"role": "assistant", "content": "a"}], "has no 'code' string"),
+    ([{"role": "user", "content": "q"}, {"role": "assistant", "content": "no call here"},
+      {"role": "tool", "content": "1"}, {"role": "assistant", "content": "a"}], "holds no markdown call"),
+    ([{"role": "user", "content": "q"}, {"role": "assistant", "content": "```\nx\n```\n```python\nprint(1)\n```"},
+      {"role": "tool", "content": "1"}, {"role": "assistant", "content": "a"}], "would stop generating there"),
+])
+def test_unrepresentable_conversations_name_the_problem(msgs, err):
+    tok = load_tokenizer("tiny-bytes")
+    with pytest.raises(ValueError, match=err) as e:
+        sft.encode_conversation(tok, msgs, tool_format="markdown", where="f.jsonl:7")
+    assert "f.jsonl:7" in str(e.value)
+
+
+def test_bad_jsonl_names_file_and_line(tmp_path):
+    p = tmp_path / "x.jsonl"
+    p.write_text(json.dumps({"messages": [{"role": "user", "content": "q"}]}) + "\n{not json\n")
+    with pytest.raises(ValueError, match=r"x\.jsonl:2: not valid JSON"):
+        sft.load_conversations(str(p))
+    p.write_text(json.dumps({"messages": "hello"}) + "\n")
+    with pytest.raises(ValueError, match=r"x\.jsonl:1: field 'messages'"):
+        sft.load_conversations(str(p))
+    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+        sft.load_conversations(str(tmp_path / "nope.jsonl"))
+
+
+def test_packing_and_training_reduce_the_loss():
+    tok = load_tokenizer("tiny-bytes")
+    torch.manual_seed(0)
+    model = load_model("tiny-bytes")
+    seqs = sft.build_dataset(tok, data="synth", n=4, tool_format="markdown", tool_output_chars=256, max_len=4096, seed=1)
+    n_loss = sum(sum(m) for _, m in seqs)
+    with torch.no_grad():
+        packed = sft.masked_nll(model, seqs, [0, 1, 2, 3], micro_tokens=10**6, normaliser=n_loss, backward=False)
+        alone = sum(sft.masked_nll(model, seqs, [i], micro_tokens=10**6, normaliser=n_loss, backward=False)
+                    for i in range(4))
+    assert packed == pytest.approx(alone, rel=1e-4)  # packed rows do not attend across conversations
+    stats = sft.train(model, seqs, epochs=6, lr=3e-3, batch_size=4, micro_tokens=4096, warmup_steps=1,
+                      weight_decay=0.0, grad_clip=1.0, seed=0, train_layers=1)
+    with torch.no_grad():
+        after = sft.masked_nll(model, seqs, [0, 1, 2, 3], micro_tokens=4096, normaliser=n_loss, backward=False)
+    assert len(stats) == 6 and after < packed - 0.5
+    assert all(p.requires_grad for p in model.parameters())  # unfrozen again for whoever uses the model next
+
+
+def test_warm_start_trains_once_saves_a_loadable_model_and_reuses_it(tmp_path):
+    kw = dict(tool_format="markdown", seed=0, n=2, cache=tmp_path, batch_size=2, train_layers=0)
+    path = sft.warm_start("tiny-bytes", **kw)
+    marker = json.loads((Path(path) / sft.MARKER).read_text())
+    assert marker["base_model"] == "tiny-bytes" and marker["conversations"] == 2
+    model, tok = load_model(path), load_tokenizer(path)
+    base = load_model("tiny-bytes")
+    assert tok.eos_token == "<|im_end|>"
+    assert any(not torch.equal(a, b) for a, b in zip(model.state_dict().values(), base.state_dict().values()))
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp folders left behind
+
+    assert sft.warm_start("tiny-bytes", **kw) == path
+    assert json.loads((Path(path) / sft.MARKER).read_text())["created"] == marker["created"]  # not retrained
+    assert sft.warm_start("tiny-bytes", **(kw | {"seed": 1})) != path  # another key, another model
+
+    # a folder whose marker is from an older recipe is retrained
+    (Path(path) / sft.MARKER).write_text(json.dumps(marker | {"version": 0}))
+    assert sft.warm_start("tiny-bytes", **kw) == path
+    assert json.loads((Path(path) / sft.MARKER).read_text())["version"] == sft.SFT_VERSION
+    with pytest.raises(TypeError, match="unknown Args fields"):
+        sft.warm_start("tiny-bytes", cache=tmp_path, learning_rate=1.0)
+
+
+def test_parse_args_from_the_dataclass():
+    a = sft.parse_args(sft.Args, ["--epochs", "3", "--no-eval_base", "--tool-format", "hermes", "--lr", "1e-5"])
+    assert (a.epochs, a.eval_base, a.tool_format, a.lr, a.model) == (3, False, "hermes", 1e-5, "smollm2-135m")
+    docs = sft._field_docs(sft.Args)
+    assert set(docs) == {f for f in sft.Args.__dataclass_fields__} and all(docs.values())
