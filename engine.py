@@ -175,7 +175,9 @@ class HFEngine:
 
     def update_weights(self, named_tensors) -> None:
         """Copy (name, tensor) pairs into the model. Tensors that already *are* the model's
-        (the trainer shares this module) are skipped. Flushes the prefix cache."""
+        (the trainer shares this module) are skipped. Always flushes the prefix cache, so a
+        trainer that shares the module must still call this after each optimizer step:
+        cached KV computed by the old weights would otherwise be reused."""
         params = self.model.state_dict(keep_vars=True)  # includes tied names (lm_head.weight)
         with self._model_lock, torch.no_grad():
             for name, t in named_tensors:

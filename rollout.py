@@ -178,9 +178,7 @@ class ToolResult:
 
     @classmethod
     def from_exec(cls, r, error_format: str = "full"):
-        text = r.text
-        if error_format == "last_line" and not r.ok:
-            text = getattr(r, "last_line", None) or (text.strip().splitlines() or [""])[-1]
+        text = r.short_text if (error_format == "last_line" and not r.ok) else r.text  # stdout + last error line
         return cls(ok=r.ok, error_kind=r.error_kind, text=text if text.strip() else "[no output]",
                    exception_type=r.exception_type)
 

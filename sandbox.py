@@ -178,6 +178,8 @@ class Sandbox:
         weaker fallbacks, for tests). max_threads: threads serving arun() callers."""
         if timeout_s <= 0 or memory_mb <= 0 or max_output_bytes < 2 or flood_bytes <= 0 or scratch_mb <= 0:
             raise ValueError("Sandbox: timeout_s, memory_mb, flood_bytes, scratch_mb must be > 0 and max_output_bytes >= 2")
+        if slots is not None and slots < 1:
+            raise ValueError(f"Sandbox: slots must be >= 1, got {slots}")
         self.slots = int(slots or os.cpu_count() or 1)
         self.timeout_s = float(timeout_s)
         self.memory_mb = int(memory_mb)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 @dataclass
 class Args:
     # run
-    run: str = ""
+    run_name: str = ""
     """name of the output folder under out_dir (default: a timestamp)"""
     out_dir: str = "out"
     """where runs are written"""
@@ -178,6 +178,9 @@ def parse_args(cls, argv: list[str] | None = None, description: str = ""):
     return cls(**vars(p.parse_args(argv)))
 
 
+SUMMED = {"loss", "saar_shallow", "saar_deep", "saar_given_up", "saar_answered"}  # per-rank sums
+
+
 def overlong_penalty(length: int, max_len: int, buffer: int, factor: float) -> float:
     """DAPO's soft overlong punishment: 0 until max_len - buffer, then a linear ramp to -factor."""
     if buffer <= 0:
@@ -223,12 +226,12 @@ def main(args: Args):
     else:
         rank, world = 0, 1
     master = rank == 0
-    if args.prompts_per_step % world or args.prompts_per_step % args.mini_batch_prompts:
-        raise SystemExit(f"prompts_per_step ({args.prompts_per_step}) must divide by the world size ({world}) "
-                         f"and by mini_batch_prompts ({args.mini_batch_prompts})")
+    if args.prompts_per_step % args.mini_batch_prompts or args.mini_batch_prompts % world:
+        raise SystemExit(f"prompts_per_step ({args.prompts_per_step}) must divide by mini_batch_prompts "
+                         f"({args.mini_batch_prompts}), and that by the world size ({world})")
     if args.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
-    run_name = args.run or time.strftime("run-%Y%m%d-%H%M%S")
+    run_name = args.run_name or time.strftime("run-%Y%m%d-%H%M%S")
     out = os.path.join(args.out_dir, run_name)
     ckpt_path = os.path.join(out, "ckpt.pt")
     if args.resume and not os.path.exists(ckpt_path):
@@ -282,7 +285,10 @@ def main(args: Args):
                    tool_output_chars=args.tool_output_chars, error_format=args.error_format, stateful=args.stateful,
                    eos_ids=eng.eos_token_ids)
     writer = _metric_writers(out, args) if master else None
-    per_rank = args.prompts_per_step // world
+    # each mini-batch's prompts are spread over the ranks, so N ranks take the same optimizer steps on the
+    # same trajectories as one process would
+    n_mini, share = args.prompts_per_step // args.mini_batch_prompts, args.mini_batch_prompts // world
+    mine = [k * args.mini_batch_prompts + rank * share + i for k in range(n_mini) for i in range(share)]
 
     # ------------------------------------------------------------------ the loop
     loop = asyncio.new_event_loop()
@@ -290,15 +296,16 @@ def main(args: Args):
         t = {}
         # ---------------------------------------------------------- rollout
         t0 = time.perf_counter()
-        base = step * args.prompts_per_step + rank * per_rank  # the data position is a function of the step
-        probs = [train_set[order[(base + i) % len(order)]] for i in range(per_rank)]
+        base = step * args.prompts_per_step  # the data position is a function of the step
+        groups_here = [base + g for g in mine]
+        probs = [train_set[order[g % len(order)]] for g in groups_here]
         prompts, seeds, metas = [], [], []
-        for i, pr in enumerate(probs):
+        for g, pr in zip(groups_here, probs):
             ids = rollout.prompt_ids(tokenizer, pr.problem, pr.task, args.tool_format)
             for j in range(args.samples_per_prompt):
                 prompts.append(ids)
-                seeds.append(((args.seed * 1_000_003 + step) * 1_000_003 + base + i) * 1_000_003 + j)  # per trajectory
-                metas.append(dict(problem_id=pr.id, group=base + i, sample=j))
+                seeds.append(((args.seed * 1_000_003 + step) * 1_000_003 + g) * 1_000_003 + j)  # per trajectory
+                metas.append(dict(problem_id=pr.id, group=g, sample=j))
         trajs = loop.run_until_complete(rollout.rollout_batch(
             eng, sandbox, tokenizer, prompts, seeds=seeds, metas=metas, progress=master,
             temperature=args.temperature, top_p=args.top_p, saar_cfg=saar_cfg, saar_p=args.rollback_p, **roll_kw))
@@ -367,6 +374,11 @@ def main(args: Args):
 
         # ---------------------------------------------------------- eval / log / ckpt
         m = _step_metrics(trajs, rewards, correct, adv_stats, stats, t)
+        m["adv_n"] = len(all_r)  # how many rollouts, from every rank, entered the group advantages
+        if ddp:  # log the whole batch: losses and event counts add up over ranks, the rest are rank means
+            parts = [None] * world
+            dist.all_gather_object(parts, m)
+            m = {k: sum(p[k] for p in parts) / (1 if k in SUMMED else world) for k in m}
         m["step"] = step + 1
         if args.eval_every and (step + 1) % args.eval_every == 0:
             t0 = time.perf_counter()

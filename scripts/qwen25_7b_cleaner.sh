@@ -3,5 +3,5 @@
 # The official 7B run trains on a pass-rate-filtered subset of Open-AgentRL-30K.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec bash scripts/qwen3_4b_cleaner.sh --run qwen25-7b-cleaner --model Gen-Verse/Qwen2.5-7B-RA-SFT \
+exec bash scripts/qwen3_4b_cleaner.sh --run-name qwen25-7b-cleaner --model Gen-Verse/Qwen2.5-7B-RA-SFT \
   --rollback-p 0.7 --lr 1e-6 "$@"

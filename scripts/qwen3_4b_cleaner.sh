@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 NPROC=${NPROC:-4}
 torchrun --nproc_per_node="$NPROC" train.py \
-  --run qwen3-4b-cleaner --model Gen-Verse/Qwen3-4B-RA-SFT --tool-format hermes \
+  --run-name qwen3-4b-cleaner --model Gen-Verse/Qwen3-4B-RA-SFT --tool-format hermes \
   --train-data data_cache/open_agentrl_30k.jsonl --eval-data aime25 --eval-size 30 \
   --prompts-per-step 128 --samples-per-prompt 16 --mini-batch-prompts 32 \
   --max-turns 16 --max-response-tokens 20480 --overlong-buffer 4096 --overlong-penalty 1.0 \

@@ -306,21 +306,23 @@ def test_stdin_and_timeout_override(sb, contained):
     assert 0.2 <= r.duration_s < LONG
 
 
-def zygote_pids() -> list:
-    """Processes below us running `python ... sandbox.py --zygote` (not the bwrap wrapping them)."""
-    table, out, todo = _ppids(), [], [os.getpid()]
+def zygote_pids(table: dict | None = None) -> list:
+    """The zygotes below us: the topmost `python ... sandbox.py --zygote` of each chain (its forks,
+    the cells and session holders, share its command line; bwrap wrapping it does not count)."""
+    table, found, todo = table or _ppids(), [], [os.getpid()]
     while todo:
         parent = todo.pop()
         for pid, (ppid, _) in table.items():
             if ppid == parent:
-                todo.append(pid)
                 try:
                     argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
                 except OSError:
                     continue
                 if b"--zygote" in argv and b"bwrap" not in argv[0]:
-                    out.append(pid)
-    return out
+                    found.append(pid)  # do not descend: below are its forks
+                else:
+                    todo.append(pid)
+    return found
 
 
 def test_worker_killed_from_outside_is_respawned(sb, contained):
@@ -406,7 +408,7 @@ def test_session_crash_of_its_own_holder(sb, contained):
 def kill_zygotes_and_wait() -> None:
     """Kill every zygote below us and wait until they and their bwrap wrappers are gone."""
     table, doomed = _ppids(), set()
-    for pid in zygote_pids():
+    for pid in zygote_pids(table):
         os.kill(pid, 9)
         while pid != os.getpid():  # the zygote and its wrappers up to us
             doomed.add(pid)

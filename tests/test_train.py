@@ -22,7 +22,7 @@ SMALL = ["--model", "tiny-qwen3", "--no-warm-start", "--tool-format", "hermes", 
 
 def start(out: Path, run: str, *extra):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
-    return subprocess.Popen([sys.executable, "train.py", *SMALL, "--out-dir", str(out), "--run", run, *extra],
+    return subprocess.Popen([sys.executable, "train.py", *SMALL, "--out-dir", str(out), "--run-name", run, *extra],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
