@@ -100,8 +100,10 @@ class Args:
     """most assistant turns in one trajectory"""
     tool_timeout_s: float = 4.0
     """per-call time limit of the model's tool"""
+    engine: str = "hf"
+    """hf (transformers) or sglang (GPU)"""
     engine_batch: int = 32
-    """most sequences the engine decodes at once"""
+    """most sequences the HF engine decodes at once"""
     device: str = "auto"
     """cpu, cuda, or auto"""
     # --- data
@@ -395,6 +397,8 @@ def generate(args: Args, problems: list[Problem]) -> list[dict]:
     num_tool_errors, saar, meta (the grader adds pred, gold, correct)."""
     import asyncio
 
+    import torch
+
     import rollout
     import saar
     from data import models
@@ -407,8 +411,13 @@ def generate(args: Args, problems: list[Problem]) -> list[dict]:
         fmt = "none"
     elif fmt == "auto":  # Qwen-style tokenizers carry a <tool_call> token; small models write fences
         fmt = "hermes" if len(tok.encode("<tool_call>", add_special_tokens=False)) == 1 else "markdown"
-    model = models.load_model(args.model, device=args.device if args.device != "auto" else None).eval()
-    eng = HFEngine(model, tok, max_batch=args.engine_batch)
+    if args.engine == "sglang":
+        from engine import SGLangEngine
+        eng = SGLangEngine(model_path=models.resolve(args.model), eos_token_ids=[tok.eos_token_id], seed=args.seed,
+                           mem_fraction_static=0.8)
+    else:
+        device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+        eng = HFEngine(models.load_model(args.model, device=device).eval(), tok, max_batch=args.engine_batch)
     records = []
     loop = asyncio.new_event_loop()
     with Sandbox(slots=args.grade_workers, timeout_s=args.tool_timeout_s) as sb:
@@ -423,7 +432,7 @@ def generate(args: Args, problems: list[Problem]) -> list[dict]:
                     seeds=[args.seed * 1_000_003 + k for k in range(len(jobs))],
                     tool_format=fmt, max_turns=args.max_turns, max_response_tokens=args.max_new_tokens,
                     temperature=args.temperature, top_p=args.top_p, tool_output_chars=256,
-                    saar_cfg=saar.SaarConfig() if use_saar else None, saar_p=1.0, eos_ids=eng.eos_token_ids))
+                    saar_cfg=saar.SaarConfig() if use_saar else None, saar_p=1.0, eos_ids=[tok.eos_token_id]))
                 for (p, i), tr in zip(jobs, trajs):
                     records.append(dict(benchmark=bench, problem_id=p.id, sample_idx=i,
                                         response=tr.final_text(tok), num_tool_calls=tr.num_tool_calls,

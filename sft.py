@@ -36,7 +36,6 @@ train.py calls `warm_start(model, tool_format=..., seed=...)`, which caches the 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import hashlib
 import json
@@ -457,56 +456,82 @@ def _last_line(s: str) -> str:
     return lines[-1] if lines else ""
 
 
-def evaluate(model, tokenizer, *, tool_format: str, n: int, seed: int, max_turn_tokens: int = 384) -> dict:
-    """Sample held-out warm-up problems at T=1: does the model write a call, and does the code print the answer?
+def _stopped_at(tokenizer, new: list[int], stops: list[str], stop_ids: set[int]) -> int | None:
+    """Length of `new` up to its first EOS / stop token / stop string (kept), as the rollout's engine stops; None if none."""
+    for i, t in enumerate(new):
+        if t in stop_ids or (stops and any(s in tokenizer.decode(new[max(0, i - 7):i + 1]) for s in stops)):
+            return i + 1
+    return None
 
-    With the sandbox, each problem is a full rollout (rollout.rollout_batch): `blocks` counts first calls
-    that parse, `right` those whose output ends with the answer, `final` trajectories whose last \\boxed{}
-    is correct. Without it, only the first turn is sampled and only `blocks` is counted.
+
+def sample_turns(model, tokenizer, inputs: list[list[int]], *, max_new_tokens: int, stops: list[str],
+                 stop_ids: list[int], seed: int) -> list[list[int]]:
+    """One assistant turn per input at T=1, top_p=1 (transformers generate, left-padded batch), each cut where
+    the rollout's engine would stop it: after EOS, a stop token, or a stop string (all kept)."""
+    from transformers import StoppingCriteria, StoppingCriteriaList
+    ends = {tokenizer.eos_token_id, *stop_ids}
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    width = max(map(len, inputs))
+
+    class StopText(StoppingCriteria):  # stop strings matched anywhere in the new text, like engine.py
+        def __call__(self, input_ids, scores, **kw):
+            return torch.tensor([_stopped_at(tokenizer, row[width:], stops, ends) is not None
+                                 for row in input_ids.tolist()])
+
+    ids = torch.tensor([[pad] * (width - len(x)) + x for x in inputs])  # (B, L)
+    attn = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in inputs])  # (B, L)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=attn, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
+                             max_new_tokens=max_new_tokens, stopping_criteria=StoppingCriteriaList([StopText()]),
+                             eos_token_id=sorted(ends), pad_token_id=pad)
+    turns = []
+    for row in out[:, width:].tolist():
+        n = _stopped_at(tokenizer, row, stops, ends)
+        turns.append(row[:n] if n is not None else row)
+    return turns
+
+
+def evaluate(model, tokenizer, *, tool_format: str, n: int, seed: int, max_turn_tokens: int = 384) -> dict:
+    """Sample held-out warm-up problems at T=1 as the rollout would: a first turn, the tool's output, an answer turn.
+
+    blocks: first turns holding a call that parses; right: calls whose code (run in the sandbox) prints the
+    answer as its last line; final: answers (after the tool output, or in the first turn when there was
+    no call) whose last \\boxed{} is right. Without a working sandbox only `blocks` is counted.
     """
-    from engine import HFEngine, SamplingParams
+    from reward import grade_math
+    t0 = time.time()
     problems = synth.make_problems(n, seed + EVAL_SEED_OFFSET, difficulty="warmup")
     prompts = [rollout.prompt_ids(tokenizer, p.problem, "math", tool_format) for p in problems]
-    seeds = [seed * 1000 + i for i in range(n)]
+    stop_ids, stops = rollout.stop_conditions(tokenizer, tool_format)
+    model.eval()
+    first = sample_turns(model, tokenizer, prompts, max_new_tokens=max_turn_tokens, stops=stops, stop_ids=stop_ids,
+                         seed=seed)
+    texts = [tokenizer.decode(t, skip_special_tokens=False) for t in first]
+    calls = [rollout.parse_call(t, tool_format) for t in texts]
+    out = dict(n=n, blocks=sum(c.code is not None for c in calls))
     try:
         from sandbox import Sandbox
         sb = Sandbox(slots=2, timeout_s=4.0)
-    except Exception as e:  # noqa: BLE001 - any failure just means no execution
+    except Exception as e:  # noqa: BLE001 - any failure only means nothing is executed
         print(f"[sft] eval: no sandbox ({type(e).__name__}: {e}); counting python blocks only", file=sys.stderr)
-        sb = None
-    engine = HFEngine(model, tokenizer, max_batch=max(1, min(n, 32)))
-    t0 = time.time()
-    try:
-        if sb is not None:
-            trajs = asyncio.run(rollout.rollout_batch(
-                engine, sb, tokenizer, prompts, seeds=seeds, tool_format=tool_format, max_turns=3,
-                max_response_tokens=3 * max_turn_tokens, max_turn_tokens=max_turn_tokens, max_tool_calls=2,
-                temperature=1.0, top_p=1.0))
-            texts = [t.text for t in trajs]
-            firsts = [t.turns[0] if t.turns else None for t in trajs]
-        else:
-            stop_ids, stop = rollout.stop_conditions(tokenizer, tool_format)
-
-            async def first_turns():
-                return await asyncio.gather(*[engine.generate(p, SamplingParams(
-                    temperature=1.0, top_p=1.0, max_new_tokens=max_turn_tokens, stop_token_ids=stop_ids, stop=stop,
-                    seed=s)) for p, s in zip(prompts, seeds)])
-            texts = [tokenizer.decode(o.token_ids, skip_special_tokens=False) for o in asyncio.run(first_turns())]
-            firsts = None
-    finally:
-        engine.shutdown()
-        if sb is not None:
-            sb.close()
-    out = dict(n=n, seconds=round(time.time() - t0, 1), sample=texts[0] if texts else "")
-    if firsts is None:
-        out["blocks"] = sum(rollout.parse_call(t, tool_format).code is not None for t in texts)
-        return out
-    from reward import grade_math
-    out["blocks"] = sum(f is not None and f["error_kind"] != "malformed" for f in firsts)
-    out["right"] = sum(f is not None and f["ok"] and _last_line(f["output"]) == p.answer
-                       for f, p in zip(firsts, problems))
-    out["final"] = sum(grade_math(t, p.answer) for t, p in zip(texts, problems))
-    return out
+        return out | dict(seconds=time.time() - t0, sample=texts[0])
+    with sb:
+        results = [rollout.ToolResult.from_exec(sb.run(c.code)) if c.code is not None else None for c in calls]
+    out["right"] = sum(r is not None and r.ok and _last_line(r.text) == p.answer for r, p in zip(results, problems))
+    called = [i for i, r in enumerate(results) if r is not None]
+    tool = {i: tokenizer.encode(rollout.tool_turn_text(rollout.truncate_middle(results[i].text), tool_format,
+                                                       ended=first[i][-1] == tokenizer.eos_token_id),
+                                add_special_tokens=False) for i in called}
+    finals = dict(enumerate(texts))
+    if called:
+        second = sample_turns(model, tokenizer, [prompts[i] + first[i] + tool[i] for i in called],
+                              max_new_tokens=max_turn_tokens, stops=stops, stop_ids=stop_ids, seed=seed + 1)
+        for i, t in zip(called, second):
+            finals[i] = tokenizer.decode(t, skip_special_tokens=False)
+    out["final"] = sum(grade_math(finals[i], p.answer) for i, p in enumerate(problems))
+    sample = texts[0] + (tokenizer.decode(tool[0]) + finals[0] if 0 in tool else "")
+    return out | dict(seconds=time.time() - t0, sample=sample)
 
 
 def describe(r: dict) -> str:

@@ -78,8 +78,14 @@ class Args:
     """model-facing error: full (stdout + compact traceback) or last_line"""
     stateful: bool = False
     """a persistent Python session per trajectory (the paper's tool is stateless)"""
+    engine: str = "hf"
+    """hf (transformers, any device) or sglang (GPU: an in-process SGLang engine per rank, colocated)"""
     engine_batch: int = 32
     """most sequences the HF engine decodes at once"""
+    sglang_mem_fraction: float = 0.5
+    """GPU memory share of each SGLang engine (KV cache and weights; the paper: 0.8 with offloaded training)"""
+    sglang_url: str = ""
+    """use an already running SGLang server at this URL instead of an in-process engine"""
     # SAAR
     saar: bool = True
     """purify failed tool calls with SAAR"""
@@ -134,6 +140,8 @@ class Args:
     """gradient norm clip"""
     gradient_checkpointing: bool = False
     """recompute activations in the backward pass"""
+    offload: bool = False
+    """FSDP2: keep parameters, gradients and optimizer state on the CPU (the paper's param/optimizer offload)"""
     # sandbox
     sandbox_slots: int = 2
     """cells executing at once"""
@@ -199,7 +207,6 @@ def load_problems(spec: str, *, seed: int, n: int | None, difficulty: str = "rl"
 
 def main(args: Args):
     import asyncio
-    import random
     import subprocess
 
     import numpy as np
@@ -248,17 +255,33 @@ def main(args: Args):
         import sft
         model_path = sft.warm_start(args.model, tool_format=args.tool_format, seed=args.seed)  # cached after once
     tokenizer = models.load_tokenizer(model_path)
-    policy = models.load_model(model_path, dtype=dtype).to(device)
     if ddp:
-        from torch.distributed.fsdp import fully_shard
+        # FSDP2: fp32 master weights and optimizer state, compute in --dtype, gradients reduced in fp32
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+        policy = models.load_model(model_path, dtype=torch.float32).to("cpu" if args.offload else device)
+        kw = dict(mp_policy=MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32))
+        if args.offload:
+            kw["offload_policy"] = CPUOffloadPolicy()
         for layer in policy.model.layers:
-            fully_shard(layer)
-        fully_shard(policy)
-        # the rollout engine needs whole weights: its own copy, refreshed after each update
-        gen_model = models.load_model(model_path, dtype=dtype).to(device).eval()
+            fully_shard(layer, **kw)
+        fully_shard(policy, **kw)
+    else:  # one process: the weights live in --dtype (use torchrun, even with one GPU, for fp32 masters)
+        policy = models.load_model(model_path, dtype=dtype).to(device)
+    # Which engine, in one visible place. On one process the HF engine reads the policy's own weights (no
+    # copy, no sync); under FSDP it needs whole weights, so it gets its own copy, refreshed after each
+    # update. SGLang (colocated, one engine per rank) holds its own weights and frees its memory during
+    # the update.
+    if args.engine == "sglang":
+        eng = engine_mod.SGLangEngine(model_path=models.resolve(model_path), server_url=args.sglang_url or None,
+                                      deterministic=args.deterministic, dtype=args.dtype,
+                                      mem_fraction_static=args.sglang_mem_fraction, seed=args.seed,
+                                      eos_token_ids=[tokenizer.eos_token_id])
+        gen_model = None
+    elif args.engine == "hf":
+        gen_model = models.load_model(model_path, dtype=dtype).to(device).eval() if ddp else policy
+        eng = engine_mod.HFEngine(gen_model, tokenizer, max_batch=args.engine_batch, deterministic=args.deterministic)
     else:
-        gen_model = policy  # one process: the engine reads the policy's own weights, no copy to sync
-    eng = engine_mod.HFEngine(gen_model, tokenizer, max_batch=args.engine_batch, deterministic=args.deterministic)
+        raise SystemExit(f"--engine must be hf or sglang, got {args.engine!r}")
     ref = None
     if args.kl_coef > 0:
         ref = models.load_model(model_path, dtype=dtype).to(device).eval()
@@ -283,7 +306,7 @@ def main(args: Args):
     roll_kw = dict(tool_format=args.tool_format, max_turns=args.max_turns, max_response_tokens=args.max_response_tokens,
                    max_turn_tokens=args.max_turn_tokens or None, max_tool_calls=args.max_tool_calls,
                    tool_output_chars=args.tool_output_chars, error_format=args.error_format, stateful=args.stateful,
-                   eos_ids=eng.eos_token_ids)
+                   eos_ids=[tokenizer.eos_token_id])
     writer = _metric_writers(out, args) if master else None
     # each mini-batch's prompts are spread over the ranks, so N ranks take the same optimizer steps on the
     # same trajectories as one process would
@@ -351,6 +374,8 @@ def main(args: Args):
                 b.ref_logp = lp
         t["old_logp"] = time.perf_counter() - t0
         t0 = time.perf_counter()
+        if args.engine == "sglang":
+            eng.release_memory()  # colocated: give the engine's GPU memory to the update
         try:
             stats = grpo.update(policy, optimizer, scheduler, batch,
                                 mini_batch_size=args.mini_batch_prompts * args.samples_per_prompt // world,
@@ -367,7 +392,9 @@ def main(args: Args):
                              f"The last regular checkpoint is {ckpt_path}.")
         t["update"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        if gen_model is not policy:
+        if args.engine == "sglang":
+            eng.resume_memory()
+        if gen_model is not policy:  # FSDP2 full tensors into the engine (it flushes its prefix cache)
             eng.update_weights(_full_state(policy).items())
         eng.flush_cache()  # stale KV from the old weights must never be reused
         t["sync"] = time.perf_counter() - t0

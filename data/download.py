@@ -27,9 +27,7 @@ text, and refuse to write the file inside this repository unless git ignores tha
 from __future__ import annotations
 
 import argparse
-import base64
 import csv
-import io
 import json
 import os
 import pickle
@@ -45,6 +43,7 @@ if __package__ in (None, ""):  # run as `python data/download.py`: make the repo
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from data.problems import FILES, REPO_ROOT, DataError, problem_from_row  # noqa: E402
+from eval import decode_lcb_tests  # noqa: E402  (one restricted unpickler for loading and converting)
 
 # CLI set name -> load_named() name (and so the output file name)
 SETS = {
@@ -146,26 +145,6 @@ def _user_text(prompt) -> str:
         if m.get("role") == "user":
             return m["content"]
     raise ValueError("prompt has no user message")
-
-
-class _StrOnlyUnpickler(pickle.Unpickler):
-    # LiveCodeBench pickles a plain str; a str needs no globals, so any lookup means a hostile file
-    def find_class(self, module, name):
-        raise pickle.UnpicklingError(f"refusing to unpickle {module}.{name}: expected a pickled str")
-
-
-def decode_lcb_tests(blob) -> list[dict]:
-    """LiveCodeBench test cases: a JSON list, or base64(zlib(pickle(JSON string))) for private tests."""
-    if isinstance(blob, list):
-        return blob
-    try:
-        return json.loads(blob)
-    except json.JSONDecodeError:
-        pass
-    s = _StrOnlyUnpickler(io.BytesIO(zlib.decompress(base64.b64decode(blob.encode("ascii"))))).load()
-    if not isinstance(s, str):
-        raise ValueError(f"decoded test blob is a {type(s).__name__}, expected str")
-    return json.loads(s)
 
 
 def call_cases(arg_lists: list, outputs: list) -> list[dict]:

@@ -1,7 +1,6 @@
 """The offline models load, chat, generate, score and train; the Qwen tokenizer is exact."""
 import base64
 import importlib.util
-import json
 import os
 import subprocess
 import sys

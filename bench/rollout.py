@@ -1,0 +1,169 @@
+"""Rollout speed on the CPU backend, measured side by side in one run (rollout.py, saar.py, engine.py).
+
+Figures:
+  1. the HF engine's batched tokens/s against one-request-at-a-time generation of the same requests;
+  2. tool-calling rollout tokens/s against plain generation of the same token budget (the cost of
+     tools and turns), and the share of wall time the engine sits idle waiting on the sandbox;
+  3. SAAR on versus off on a workload with injected errors: the added generated tokens and wall time
+     per rollback.
+The model is the demo's warm SmolLM2-135M (sft.py's cold start, built once and cached) so that it
+really writes code; `--model` picks another. Errors are injected by a tool wrapper that fails each
+trajectory's first call with a NameError, as a model's typo would.
+
+    python bench/rollout.py [--model smollm2-135m] [--requests 16] [--new-tokens 128]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import rollout  # noqa: E402
+import saar  # noqa: E402
+from data import models, synth  # noqa: E402
+from engine import HFEngine, SamplingParams  # noqa: E402
+from sandbox import Sandbox  # noqa: E402
+
+
+class Meter:
+    """Wraps an engine to count generated tokens and the wall time with no request in flight."""
+
+    def __init__(self, engine):
+        self.engine, self.in_flight, self.tokens = engine, 0, 0
+        self.idle, self._since = 0.0, time.perf_counter()
+        self.eos_token_ids, self.max_len = engine.eos_token_ids, engine.max_len
+
+    async def generate(self, ids, params):
+        if self.in_flight == 0:
+            self.idle += time.perf_counter() - self._since
+        self.in_flight += 1
+        try:
+            out = await self.engine.generate(ids, params)
+        finally:
+            self.in_flight -= 1
+            if self.in_flight == 0:
+                self._since = time.perf_counter()
+        self.tokens += len(out.token_ids)
+        return out
+
+    async def score(self, ids, start):
+        return await self.engine.score(ids, start)
+
+    def reset(self):
+        self.in_flight, self.tokens, self.idle, self._since = 0, 0, 0.0, time.perf_counter()
+
+
+class FirstCallFails:
+    """The real sandbox, except that each session's first call fails like a typo would."""
+
+    def __init__(self, sb):
+        self.sb = sb
+
+    def session(self):
+        return _OneFailure(self.sb)
+
+
+class _OneFailure:
+    def __init__(self, sb):
+        self.sb, self.done = sb, False
+
+    async def arun(self, code, **kw):
+        if not self.done:
+            self.done = True
+            return await self.sb.arun("print(undefined_name_from_a_typo)")
+        return await self.sb.arun(code, **kw)
+
+    def close(self):
+        pass
+
+
+async def gen_all(engine, reqs, params):
+    return await asyncio.gather(*[engine.generate(r, params) for r in reqs])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--requests", type=int, default=16)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--budget", type=int, default=384, help="response tokens per trajectory")
+    ap.add_argument("--no-warm", action="store_true", help="use the base model, not the SFT warm start")
+    a = ap.parse_args()
+    path = a.model
+    if not a.no_warm and a.model in models.OFFLINE:
+        import sft
+        path = sft.warm_start(a.model, tool_format="markdown", seed=0)
+    tok, model = models.load_tokenizer(path), models.load_model(path).eval()
+    problems = synth.make_problems(a.requests, seed=123, difficulty="rl")
+    prompts = [rollout.prompt_ids(tok, p.problem, p.task, "markdown") for p in problems]
+    loop = asyncio.new_event_loop()
+
+    # ---- 1. batched versus one request at a time, same requests, same seeds
+    eng = HFEngine(model, tok, max_batch=a.requests)
+    params = [SamplingParams(max_new_tokens=a.new_tokens, seed=i) for i in range(a.requests)]
+    loop.run_until_complete(eng.generate(prompts[0], SamplingParams(max_new_tokens=4)))  # warm-up
+    t0 = time.perf_counter()
+    outs = loop.run_until_complete(asyncio.gather(*[eng.generate(p, q) for p, q in zip(prompts, params)]))
+    t_batched = time.perf_counter() - t0
+    n_batched = sum(len(o.token_ids) for o in outs)
+    t0 = time.perf_counter()
+    n_single = 0
+    for p, q in zip(prompts, params):
+        n_single += len(loop.run_until_complete(eng.generate(p, q)).token_ids)
+    t_single = time.perf_counter() - t0
+    batched_x = (n_batched / t_batched) / (n_single / t_single)
+    print(f"engine: batched {n_batched / t_batched:.1f} tok/s ({a.requests} requests), "
+          f"one at a time {n_single / t_single:.1f} tok/s: {batched_x:.2f}x")
+
+    # ---- 2. tool-calling rollouts versus plain generation of the same budget
+    meter = Meter(eng)
+    kw = dict(tool_format="markdown", max_turns=4, max_response_tokens=a.budget, eos_ids=eng.eos_token_ids)
+    with Sandbox(slots=2) as sb:
+        eng.flush_cache()
+        t0 = time.perf_counter()
+        trajs = loop.run_until_complete(rollout.rollout_batch(meter, sb, tok, prompts, seeds=list(range(len(prompts))),
+                                                              **kw))
+        t_tools = time.perf_counter() - t0
+        idle_share = meter.idle / t_tools
+        n_tools = sum(sum(t.loss_mask) for t in trajs)  # sampled tokens only
+        calls = sum(t.num_tool_calls for t in trajs)
+        # plain generation: the same prompts, each asked for as many tokens as its trajectory sampled
+        eng.flush_cache()
+        t0 = time.perf_counter()
+        plain = loop.run_until_complete(asyncio.gather(*[
+            eng.generate(p, SamplingParams(max_new_tokens=max(1, sum(t.loss_mask)), seed=i))
+            for i, (p, t) in enumerate(zip(prompts, trajs))]))
+        t_plain = time.perf_counter() - t0
+        n_plain = sum(len(o.token_ids) for o in plain)
+        tools_x = (n_tools / t_tools) / (n_plain / t_plain)
+        print(f"rollout: {n_tools / t_tools:.1f} tok/s with {calls} tool calls, plain {n_plain / t_plain:.1f} tok/s: "
+              f"{tools_x:.2f}x; engine idle waiting on the sandbox {100 * idle_share:.1f}% of the wall time")
+
+        # ---- 3. SAAR on versus off, one injected failure per trajectory
+        res = {}
+        for name, cfg in (("off", None), ("on", saar.SaarConfig())):
+            eng.flush_cache()
+            meter.reset()
+            t0 = time.perf_counter()
+            tr = loop.run_until_complete(rollout.rollout_batch(
+                meter, FirstCallFails(sb), tok, prompts, seeds=list(range(len(prompts))), saar_cfg=cfg, saar_p=1.0,
+                stateful=True, **kw))
+            res[name] = (time.perf_counter() - t0, meter.tokens, tr)
+        rollbacks = sum(1 for t in res["on"][2] for e in t.saar_events if e["kind"] in ("shallow", "deep"))
+        per = max(1, rollbacks)
+        add_tok = (res["on"][1] - res["off"][1]) / per
+        add_s = (res["on"][0] - res["off"][0]) / per
+        print(f"saar: {rollbacks} rollbacks; per rollback {add_tok:+.1f} generated tokens, {add_s:+.3f} s wall "
+              f"(on {res['on'][0]:.1f}s / {res['on'][1]} tok, off {res['off'][0]:.1f}s / {res['off'][1]} tok)")
+    eng.shutdown()
+    loop.close()
+    print(f"bench: rollout batched_x={batched_x:.2f} tools_vs_plain_x={tools_x:.2f} engine_idle_share={idle_share:.3f} "
+          f"saar_rollbacks={rollbacks} saar_tokens_per_rollback={add_tok:.1f} saar_s_per_rollback={add_s:.3f}")
+
+
+if __name__ == "__main__":
+    main()
