@@ -38,12 +38,8 @@ reward.py).
 
 from __future__ import annotations
 
-import argparse
-import ast
 import base64
 import csv
-import dataclasses
-import inspect
 import io
 import json
 import math
@@ -135,25 +131,6 @@ TASK = {"aime24": "math", "aime25": "math", "gpqa": "gpqa", "lcb": "code"}
 
 class EvalError(ValueError):
     """Bad input to the evaluation (file, line, field named in the message)."""
-
-
-def _field_docs(cls) -> dict[str, str]:
-    """Field docstrings of a dataclass (the string literal under each field), for --help."""
-    body = ast.parse(inspect.getsource(cls)).body[0].body
-    return {a.target.id: b.value.value for a, b in zip(body, body[1:])
-            if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant)}
-
-
-def parse_args(argv: list[str] | None = None) -> Args:
-    p = argparse.ArgumentParser(description="Evaluate a model on AIME24/25, GPQA-Diamond and LiveCodeBench.")
-    docs = _field_docs(Args)
-    for f in dataclasses.fields(Args):
-        flag = "--" + f.name.replace("_", "-")
-        if isinstance(f.default, bool):
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=docs.get(f.name))
-        else:
-            p.add_argument(flag, type=type(f.default), default=f.default, help=docs.get(f.name))
-    return Args(**vars(p.parse_args(argv)))
 
 
 def parse_benchmarks(spec: str) -> list[str]:
@@ -673,7 +650,8 @@ def evaluate(args: Args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args = parse_args(argv)
+    from train import parse_args  # one dataclass -> argparse helper for every entry script
+    args = parse_args(Args, argv, description="Evaluate a model on AIME24/25, GPQA-Diamond and LiveCodeBench.")
     try:
         return score(args) if args.score else evaluate(args)
     except EvalError as e:

@@ -475,8 +475,9 @@ def sample_turns(model, tokenizer, inputs: list[list[int]], *, max_new_tokens: i
 
     class StopText(StoppingCriteria):  # stop strings matched anywhere in the new text, like engine.py
         def __call__(self, input_ids, scores, **kw):
-            return torch.tensor([_stopped_at(tokenizer, row[width:], stops, ends) is not None
-                                 for row in input_ids.tolist()])
+            # called once per new token, so looking at the newest token (and a window for strings) suffices
+            new = input_ids[:, width:].tolist()  # (B, t)
+            return torch.tensor([_stopped_at(tokenizer, row[-8:], stops, ends) == len(row[-8:]) for row in new])
 
     ids = torch.tensor([[pad] * (width - len(x)) + x for x in inputs])  # (B, L)
     attn = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in inputs])  # (B, L)

@@ -24,7 +24,9 @@ import inspect
 import json
 import os
 import sys
+import textwrap
 import time
+import typing
 from dataclasses import dataclass
 
 
@@ -168,21 +170,25 @@ class Args:
 
 def _field_docs(cls) -> dict[str, str]:
     """The string literal under each dataclass field: the --help text."""
-    body = ast.parse(inspect.getsource(cls)).body[0].body
-    return {a.target.id: b.value.value for a, b in zip(body, body[1:])
+    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+    return {a.target.id: " ".join(b.value.value.split()) for a, b in zip(body, body[1:])
             if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant)}
 
 
 def parse_args(cls, argv: list[str] | None = None, description: str = ""):
-    """An argparse parser built from a dataclass: --flag-name VALUE, --flag/--no-flag for bools."""
-    p = argparse.ArgumentParser(description=description or (cls.__doc__ or ""))
-    docs = _field_docs(cls)
+    """An argparse parser built from a dataclass (train.py, sft.py and eval.py use it): --flag-name VALUE,
+    --flag/--no-flag for bools, `int | None` parsed as int."""
+    p = argparse.ArgumentParser(description=description or (cls.__doc__ or ""),
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    docs, hints = _field_docs(cls), typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         flag = "--" + f.name.replace("_", "-")
-        if isinstance(f.default, bool):
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=docs.get(f.name))
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        if hints[f.name] is bool:
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=docs.get(f.name, " "))
         else:
-            p.add_argument(flag, type=type(f.default), default=f.default, help=docs.get(f.name))
+            inner = [a for a in typing.get_args(hints[f.name]) if a is not type(None)]
+            p.add_argument(flag, type=inner[0] if inner else hints[f.name], default=default, help=docs.get(f.name, " "))
     return cls(**vars(p.parse_args(argv)))
 
 

@@ -15,7 +15,7 @@ far), with the engine reusing the prefix's KV (HFEngine's prefix cache, SGLang's
 after engine.flush_cache(), when the prefix must be prefilled again. ttft_* is the same with T = 1,
 where the prefill is all there is.
 
-    python bench/gpu.py                            # Qwen3-0.6B shape, bf16, on the GPU, ~1-3 min on an H200
+    python bench/gpu.py                            # Qwen3-0.6B shape, bf16, on the GPU (sized for ~2 min on an H200)
     python bench/gpu.py --size 4b --engine sglang  # the paper's model size, on SGLang if installed
     python bench/gpu.py --size tiny --device cpu   # a 2-layer model: checks the script end to end on CPU
 
@@ -57,8 +57,8 @@ SIZES = {
     "4b": dict(hidden_size=2560, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
                head_dim=128, intermediate_size=9728, vocab_size=151936, max_position_embeddings=40960),
 }
-# Workload defaults per size: (batch, prompt_len, gen_len, regen_len). The GPU ones are sized so that
-# 0.6b finishes in ~1-3 minutes on an H200 with the HF engine; tiny keeps a CPU run under a minute.
+# Workload defaults per size: (batch, prompt_len, gen_len, regen_len). The GPU ones are sized for 0.6b
+# to finish within ~3 minutes on an H200 with the HF engine; tiny keeps a 2-core CPU run under a minute.
 DEFAULTS = {"tiny": (4, 64, 32, 16), "0.6b": (16, 512, 256, 128), "4b": (16, 512, 256, 128)}
 # Dense bf16 tensor-core peaks (TFLOP/s), matched by substring of torch.cuda.get_device_name(), first hit wins.
 PEAK_BF16_TFLOPS = (("H200", 989.0), ("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0),
@@ -102,6 +102,8 @@ def make_engine(kind: str, policy, args, tmp: str):
 
 
 def pick_engine(want: str, device: torch.device) -> str:
+    if want == "hf":
+        return "hf"
     try:
         import sglang  # noqa: F401
         have = hasattr(engine_mod, "SGLangEngine") and device.type == "cuda"

