@@ -39,7 +39,7 @@ class Args:
     """where runs are written"""
     seed: int = 0
     """seed for data order, sampling and SAAR draws"""
-    steps: int = 12
+    steps: int = 8
     """number of GRPO steps"""
     resume: bool = False
     """continue the run in out_dir/run from its last checkpoint"""
@@ -53,12 +53,12 @@ class Args:
     """'synth' (generated code-needing problems), a named set (math_train, aime_train, leetcode_train) or a JSONL path"""
     eval_data: str = "synth"
     """held-out problems: 'synth' (a disjoint seed), a named set or a JSONL path"""
-    eval_size: int = 16
+    eval_size: int = 8
     """how many held-out problems to evaluate"""
     # rollout
     tool_format: str = "markdown"
     """hermes (Qwen, the paper), markdown (```python blocks, SmolLM2) or none (no-tool baseline)"""
-    prompts_per_step: int = 8
+    prompts_per_step: int = 4
     """prompts per GRPO step (paper: 128)"""
     samples_per_prompt: int = 4
     """rollouts per prompt, the GRPO group (paper: 16)"""
@@ -116,7 +116,7 @@ class Args:
     """linear warmup, in optimizer steps (paper: 20)"""
     weight_decay: float = 0.01
     """AdamW weight decay"""
-    mini_batch_prompts: int = 4
+    mini_batch_prompts: int = 2
     """prompts per optimizer step; several per GRPO step (paper: 32 of 128)"""
     max_tokens_per_micro: int = 4096
     """token budget of one packed micro-batch"""

@@ -328,8 +328,8 @@ def test_sglang_engine_end_to_end():
             text = tok.decode(outs[0].token_ids[2:4])
             by_str = await eng.generate(prompt, engine.SamplingParams(temperature=0, max_new_tokens=8, stop=[text]))
             scored = await eng.score(prompt + outs[0].token_ids, len(prompt))
-            return outs, sampled, stopped, by_str, scored
-        outs, sampled, stopped, by_str, scored = asyncio.run(go())
+            return outs, sampled, stopped, by_str, text, scored
+        outs, sampled, stopped, by_str, text, scored = asyncio.run(go())
         o = outs[0]
         assert all(x.token_ids == o.token_ids for x in outs) and len(o.token_ids) == len(o.logprobs)
         with torch.no_grad():
