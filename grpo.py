@@ -495,7 +495,7 @@ def update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, 
            agg: str = "token-mean", max_len: int | None = None, clip_low: float = 0.2, clip_high: float = 0.28,
            dual_clip_c: float | None = 10.0, kl_coef: float = 0.0, kl_type: str = "low_var_kl",
            temperature: float = 1.0, chunk_size: int = 1024, packed: bool = True,
-           gradient_checkpointing: bool = False) -> dict:
+           gradient_checkpointing: bool = False, loss_scale: float = 1.0) -> dict:
     """One GRPO step: an optimizer step per mini-batch of mini_batch_size trajectories (in order).
 
     Each mini-batch is cut into micro-batches of at most max_tokens_per_micro tokens (packed rows
@@ -543,7 +543,8 @@ def update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, 
                                    is_weight=micro.is_weight, ref_logp=micro.ref_logp, kl_coef=kl_coef,
                                    kl_type=kl_type, normaliser=normaliser, max_len=max_len, seq_ids=micro.seq_ids)
             # The gradient reduction averages over ranks; scaling by world turns it into the sum.
-            (loss * (0.0 if dummy else float(world))).backward()
+            # loss_scale > 1 keeps fp16 activation gradients from underflowing; undone before the clip
+            (loss * (0.0 if dummy else float(world) * loss_scale)).backward()
             if dummy:
                 continue
             losses.append((loss.detach(), idx))
@@ -556,6 +557,10 @@ def update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, 
             n_micro += 1
             n_tokens += sum(micro.lengths)
             n_slots += micro.n_slots
+        if loss_scale != 1.0:
+            for p in model.parameters():
+                if p.grad is not None:
+                    p.grad.div_(loss_scale)
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip else float("inf"))
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2 gives a DTensor
         bad = [(j, idx) for j, (loss, idx) in enumerate(losses) if not torch.isfinite(loss)]

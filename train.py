@@ -142,6 +142,8 @@ class Args:
     """gradient norm clip"""
     gradient_checkpointing: bool = False
     """recompute activations in the backward pass"""
+    loss_scale: float = 0.0
+    """static loss scale for the backward pass (0: 1024 with --dtype float16, else 1); an overflow stops the run"""
     offload: bool = False
     """FSDP2: keep parameters, gradients and optimizer state on the CPU (the paper's param/optimizer offload)"""
     # sandbox
@@ -250,6 +252,7 @@ def main(args: Args):
     if args.resume and not os.path.exists(ckpt_path):
         raise SystemExit(f"--resume: no checkpoint at {ckpt_path}")
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
+    loss_scale = args.loss_scale or (1024.0 if dtype == torch.float16 else 1.0)
     if master:
         os.makedirs(os.path.join(out, "rollouts"), exist_ok=True)
         _write_run_info(out, args, subprocess)
@@ -389,7 +392,7 @@ def main(args: Args):
                                 agg=args.agg, max_len=args.max_response_tokens, clip_low=args.clip_low,
                                 clip_high=args.clip_high, dual_clip_c=args.dual_clip_c or None,
                                 kl_coef=args.kl_coef, kl_type=args.kl_type,
-                                gradient_checkpointing=args.gradient_checkpointing)
+                                gradient_checkpointing=args.gradient_checkpointing, loss_scale=loss_scale)
         except grpo.NonFiniteLossError as e:
             # no optimizer step touched the weights with the bad gradient; keep what is good and stop
             path = os.path.join(out, f"ckpt-nonfinite-step{step}.pt")

@@ -339,6 +339,23 @@ def test_global_normaliser_makes_micro_batches_equal_one_batch(agg):
     assert not torch.allclose(full, grads_of([batch[:4], batch[4:]], False), atol=1e-6, rtol=1e-3)
 
 
+def test_loss_scale_is_undone_before_the_clip_and_step():
+    batch = make_batch([30, 20, 25])
+    out = []
+    for scale in (1.0, 1024.0):
+        model = tiny_model()
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        st = grpo.update(model, opt, None, batch, mini_batch_size=3, max_tokens_per_micro=1000, grad_clip=1.0,
+                         loss_scale=scale)
+        out.append((st, _params(model)))
+    assert out[1][0]["loss"] == pytest.approx(out[0][0]["loss"], rel=1e-6)
+    moved = False
+    for n, p in out[0][1].items():
+        assert torch.allclose(out[1][1][n], p, atol=1e-6), n
+        moved |= not torch.equal(p, tiny_model().state_dict()[n])
+    assert moved
+
+
 def test_nonfinite_loss_raises_before_weights_change():
     for field in ("old_logp", "is_weight"):
         model = tiny_model()

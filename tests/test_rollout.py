@@ -28,15 +28,15 @@ def forward_logprobs(model, ids):
 def test_rollout_logprobs_match_a_fresh_forward_pass(name, fmt, sb):
     tok, model = load_tokenizer(name), load_model(name).eval()
     eng = HFEngine(model, tok, max_batch=8)
-    problems = ["What is 2+2?", "Compute 3**5.", "Count primes below 100."]
+    problems = ["What is 2+2?", "Count primes below 100."]
     prompts = [rollout.prompt_ids(tok, p, "math", fmt) for p in problems]
-    trajs = asyncio.run(rollout.rollout_batch(eng, sb, tok, prompts, seeds=[1, 2, 3], tool_format=fmt,
-                                              max_turns=3, max_response_tokens=48, temperature=1.0))
+    trajs = asyncio.run(rollout.rollout_batch(eng, sb, tok, prompts, seeds=[1, 2], tool_format=fmt,
+                                              max_turns=3, max_response_tokens=32, temperature=1.0))
     eng.shutdown()
     for tr, p in zip(trajs, prompts):
         assert tr.prompt_ids == p
         assert len(tr.response_ids) == len(tr.loss_mask) == len(tr.logprobs) > 0
-        assert len(tr.response_ids) <= 48
+        assert len(tr.response_ids) <= 32
         assert tok.decode(tr.response_ids, skip_special_tokens=False) == tr.text
         ref = forward_logprobs(model, tr.prompt_ids + tr.response_ids)[len(p) - 1:]  # log p(response token t)
         sampled = torch.tensor(tr.logprobs)
@@ -50,11 +50,11 @@ def test_smollm2_rollout_on_real_problems_writes_jsonl(sb, shared_data, tmp_path
     tok, model = load_tokenizer("smollm2-135m"), load_model("smollm2-135m").eval()
     eng = HFEngine(model, tok, max_batch=8)
     probs = load_named("aime24", data_dir=shared_data, limit=2) + load_named("math_train", data_dir=shared_data,
-                                                                             limit=2, on_error="skip")
+                                                                             limit=1, on_error="skip")
     prompts = [rollout.prompt_ids(tok, p.problem, p.task, "markdown") for p in probs]
     trajs = asyncio.run(rollout.rollout_batch(eng, sb, tok, prompts, seeds=list(range(len(prompts))),
                                               metas=[{"id": p.id} for p in probs], tool_format="markdown",
-                                              max_turns=3, max_response_tokens=160, temperature=1.0))
+                                              max_turns=3, max_response_tokens=128, temperature=1.0))
     eng.shutdown()
     path = tmp_path / "rollouts.jsonl"
     with open(path, "w") as f:
