@@ -465,9 +465,15 @@ def _stopped_at(tokenizer, new: list[int], stops: list[str], stop_ids: set[int])
 
 
 def sample_turns(model, tokenizer, inputs: list[list[int]], *, max_new_tokens: int, stops: list[str],
-                 stop_ids: list[int], seed: int) -> list[list[int]]:
-    """One assistant turn per input at T=1, top_p=1 (transformers generate, left-padded batch), each cut where
-    the rollout's engine would stop it: after EOS, a stop token, or a stop string (all kept)."""
+                 stop_ids: list[int], seed: int, batch: int = 8) -> list[list[int]]:
+    """One assistant turn per input at T=1, top_p=1 (transformers generate, left-padded batches), each cut where
+    the rollout's engine would stop it: after EOS, a stop token, or a stop string (all kept).
+
+    Small batches: generate runs until the batch's longest row stops, so one rambling row costs less."""
+    if len(inputs) > batch:
+        return [t for s in range(0, len(inputs), batch)
+                for t in sample_turns(model, tokenizer, inputs[s:s + batch], max_new_tokens=max_new_tokens,
+                                      stops=stops, stop_ids=stop_ids, seed=seed + s, batch=batch)]
     from transformers import StoppingCriteria, StoppingCriteriaList
     ends = {tokenizer.eos_token_id, *stop_ids}
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

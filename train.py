@@ -39,7 +39,7 @@ class Args:
     """where runs are written"""
     seed: int = 0
     """seed for data order, sampling and SAAR draws"""
-    steps: int = 8
+    steps: int = 6
     """number of GRPO steps"""
     resume: bool = False
     """continue the run in out_dir/run from its last checkpoint"""
@@ -53,18 +53,18 @@ class Args:
     """'synth' (generated code-needing problems), a named set (math_train, aime_train, leetcode_train) or a JSONL path"""
     eval_data: str = "synth"
     """held-out problems: 'synth' (a disjoint seed), a named set or a JSONL path"""
-    eval_size: int = 8
+    eval_size: int = 4
     """how many held-out problems to evaluate"""
     # rollout
     tool_format: str = "markdown"
     """hermes (Qwen, the paper), markdown (```python blocks, SmolLM2) or none (no-tool baseline)"""
-    prompts_per_step: int = 4
+    prompts_per_step: int = 2
     """prompts per GRPO step (paper: 128)"""
     samples_per_prompt: int = 4
     """rollouts per prompt, the GRPO group (paper: 16)"""
     max_turns: int = 4
     """assistant turns per trajectory (paper: 16)"""
-    max_response_tokens: int = 384
+    max_response_tokens: int = 256
     """response budget per trajectory, tool tokens included (paper: 20480)"""
     max_turn_tokens: int = 0
     """cap on one assistant turn (0: the remaining budget, as the paper's code)"""
@@ -116,7 +116,7 @@ class Args:
     """linear warmup, in optimizer steps (paper: 20)"""
     weight_decay: float = 0.01
     """AdamW weight decay"""
-    mini_batch_prompts: int = 2
+    mini_batch_prompts: int = 1
     """prompts per optimizer step; several per GRPO step (paper: 32 of 128)"""
     max_tokens_per_micro: int = 4096
     """token budget of one packed micro-batch"""
@@ -134,7 +134,7 @@ class Args:
     """KL penalty to the initial policy (paper: 0)"""
     kl_type: str = "low_var_kl"
     """kl (k1) or low_var_kl (k3)"""
-    overlong_buffer: int = 96
+    overlong_buffer: int = 64
     """DAPO overlong penalty ramps over the last this many tokens of the budget (paper: 4096)"""
     overlong_penalty: float = 1.0
     """penalty at the full budget (paper: 1.0)"""
@@ -160,7 +160,7 @@ class Args:
     """float32, bfloat16 or float16 (the paper's code: float16)"""
     deterministic: bool = False
     """bit-exact runs: one request at a time in the engine, deterministic kernels"""
-    eval_every: int = 4
+    eval_every: int = 3
     """evaluate every N steps (0: never)"""
     save_every: int = 1
     """checkpoint every N steps"""
