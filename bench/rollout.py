@@ -81,8 +81,9 @@ class _OneFailure:
         pass
 
 
-async def gen_all(engine, reqs, params):
-    return await asyncio.gather(*[engine.generate(r, params) for r in reqs])
+async def gather(*aws):
+    """asyncio.gather inside the running loop (outside one it would bind to another loop)."""
+    return await asyncio.gather(*aws)
 
 
 def main():
@@ -107,7 +108,7 @@ def main():
     params = [SamplingParams(max_new_tokens=a.new_tokens, seed=i) for i in range(a.requests)]
     loop.run_until_complete(eng.generate(prompts[0], SamplingParams(max_new_tokens=4)))  # warm-up
     t0 = time.perf_counter()
-    outs = loop.run_until_complete(asyncio.gather(*[eng.generate(p, q) for p, q in zip(prompts, params)]))
+    outs = loop.run_until_complete(gather(*[eng.generate(p, q) for p, q in zip(prompts, params)]))
     t_batched = time.perf_counter() - t0
     n_batched = sum(len(o.token_ids) for o in outs)
     t0 = time.perf_counter()
@@ -134,7 +135,7 @@ def main():
         # plain generation: the same prompts, each asked for as many tokens as its trajectory sampled
         eng.flush_cache()
         t0 = time.perf_counter()
-        plain = loop.run_until_complete(asyncio.gather(*[
+        plain = loop.run_until_complete(gather(*[
             eng.generate(p, SamplingParams(max_new_tokens=max(1, sum(t.loss_mask)), seed=i))
             for i, (p, t) in enumerate(zip(prompts, trajs))]))
         t_plain = time.perf_counter() - t0
