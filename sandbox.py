@@ -21,7 +21,10 @@ How it works
   namespace; it is the checkpoint. Ahead of each cell the holder forks a runner that waits for the
   cell, so no fork sits between a request and the code. If the cell succeeds the runner becomes
   the holder and the old one is killed; if it fails the runner is killed and the holder is
-  untouched, so a failed, timed-out or crashed cell leaves the state as it was.
+  untouched, so a failed, timed-out or crashed cell leaves the state as it was. Every page a cell
+  writes is copied first (copy-on-write): for a sympy solve that costs as much as the solve. So
+  the runner copies in bulk, while the model generates, the pages the previous cell wrote
+  (`_copy_ahead`), and a committed cell is settled after its answer is sent.
   `session(rollback=False)` keeps what a cell did before it raised (Jupyter-style); a timeout or a
   crash still rolls back, since the process that held those effects is gone. Idle holders stop
   themselves, so threads of idle sessions do not run. Session cells are named `<cell N>` in
@@ -41,7 +44,8 @@ What is covered (layers used when available; `Sandbox.layers` lists the active o
   a seccomp filter refuses socket() for every family except AF_UNIX, and io_uring.
 - uid: as root, code runs under an unprivileged uid per slot and per session (RLIMIT_NPROC is not
   enforced for root), with no_new_privs, so it cannot signal or ptrace other slots, the zygote or
-  the trainer, nor write anything it does not own.
+  the trainer, nor write anything it does not own. Session processes are made dumpable again (to
+  read their own /proc/self/pagemap), which lets them ptrace only each other: one session, one uid.
 - rlimits: address space (preloaded libraries plus memory_mb), CPU (a backstop for the wall-clock
   kill), file size, open files, processes (with a uid), core dumps off.
 - a scrubbed environment (no secrets from the trainer), stdin from /dev/null unless given.
@@ -66,6 +70,7 @@ What is not covered
 import ast
 import asyncio
 import ctypes
+import errno
 import fcntl
 import functools
 import gc
@@ -98,6 +103,9 @@ NPROC_LIMIT = 128  # processes + threads per uid: room for a Pool, not for a for
 NOFILE_LIMIT = 512
 WATCHDOG_GRACE_S = 30.0  # a zygote that misses timeout + this is hung (it never should be)
 START_TIMEOUT_S = 180.0  # a zygote imports numpy + sympy; slow on a loaded 2-core machine
+MADV_POPULATE_WRITE = 23  # Linux 5.14+: fault pages in writable, breaking copy-on-write, in one call
+COPY_AHEAD_MAX_PAGES = 16384  # 64 MiB: the most a session runner copies before its cell arrives
+RESCAN_FAULTS = 256  # a cell that took more page faults lists the pages it wrote anew (~3 ms)
 
 
 @dataclass
@@ -607,7 +615,7 @@ def _kill_tree(root: int) -> None:
 # Zygote side: runs in the clean interpreter started by Sandbox._spawn, never in the trainer.
 
 _libc = ctypes.CDLL(None, use_errno=True)
-PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, PR_SET_CHILD_SUBREAPER = 1, 38, 22, 36
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, PR_SET_CHILD_SUBREAPER = 1, 4, 38, 22, 36
 CLONE_NEWNET = 0x40000000
 
 
@@ -667,6 +675,7 @@ class _Zygote:
     sessions: dict = field(default_factory=dict)  # sid -> _Holder
     reaped: dict = field(default_factory=dict)  # pid -> wait status, for children reaped by sweeps
     dying: dict = field(default_factory=dict)  # pid -> start time: SIGKILLed, maybe still tearing down
+    after: object = None  # work left once the response is written (settling a committed cell)
 
 
 class _Capture:
@@ -740,8 +749,14 @@ def _zygote_main() -> None:
             except Exception as e:
                 traceback.print_exc()  # the full story goes to the trainer's stderr, one line to the model
                 resp = {"kind": "sandbox_internal", "detail": f"{type(e).__name__}: {e}"[:300]}
-            z.reaped.clear()
             _write_frame(resp_fd, resp)
+            if z.after is not None:  # off the caller's clock, before the next request
+                after, z.after = z.after, None
+                try:
+                    after()
+                except Exception:
+                    traceback.print_exc()
+            z.reaped.clear()
     finally:
         for sid in list(z.sessions):
             _close_holder(z, sid)
@@ -969,6 +984,8 @@ def _supervise(z: _Zygote, out_r: int, err_r: int, res_r: int, deadline: float, 
                         state["reason"] = "exited"
                     elif kind == "runner":  # the woken holder already forked the next runner
                         state["next_runner"] = pid
+                    elif kind == "written" and pid == runner:
+                        state["written"] = True
                     elif kind == "eof":
                         poller.unregister(fd)
             elif not _pump(z, fd, out_r, err_r, res_r, state):
@@ -1037,7 +1054,7 @@ def _read_ctl(ctl: socket.socket) -> list:
         if not msg:
             return out + [("eof", None, None)]  # every process of the session is gone
         parts = msg.decode(errors="replace").split()
-        if len(parts) == 3 and parts[0] in ("runner", "status") and all(p.lstrip("-").isdigit() for p in parts[1:]):
+        if len(parts) == 3 and parts[0] in ("runner", "status", "written") and all(p.lstrip("-").isdigit() for p in parts[1:]):
             out.append((parts[0], int(parts[1]), int(parts[2])))
 
 
@@ -1187,6 +1204,9 @@ def _open_holder(z: _Zygote, sid: int, uid: int | None, rollback: bool) -> _Hold
             os.closerange(4, 1 << 16)
             ctl = socket.socket(fileno=3)
             _enter_sandbox(z, uid, scratch)
+            # Changing uid cleared "dumpable", which hands /proc/self to root; _written_pages reads
+            # /proc/self/pagemap. The session's processes are the only ones with its uid.
+            _prctl(PR_SET_DUMPABLE, 1)
             ns = _fresh_main()
             gc.freeze()
         except BaseException:
@@ -1204,6 +1224,7 @@ def _holder_loop(ctl: socket.socket, ns: dict) -> None:
     # A holder's process group may be orphaned (by a killed holder) while it is stopped, which
     # makes the kernel send SIGHUP; ignored, it is dropped. Cells get the code's own disposition.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    written = []  # what this process's own cell wrote: its runners copy it ahead of their cells
     while True:
         try:
             while os.waitpid(-1, os.WNOHANG)[0]:
@@ -1213,13 +1234,19 @@ def _holder_loop(ctl: socket.socket, ns: dict) -> None:
         holder = os.getpid()
         pid = os.fork()
         if pid == 0:
-            user_hup = _runner(ctl, ns, holder, user_hup)
+            user_hup, faults = _runner(ctl, ns, holder, user_hup, written)
             gc.freeze()  # if committed, later cells' collections skip this state, as in the zygote
+            if faults > RESCAN_FAULTS:  # the copy missed much of what this cell wrote: list it anew
+                written = _written_pages()  # while our holder lives: the zygote waits for this line
             # Committed: the zygote says "go" after sweeping our cell's leftovers (which a runner
             # forked earlier would be mistaken for). Rolled back: we are killed while waiting.
-            while (msg := ctl.recv(16)) != b"go":
-                if not msg:
-                    os._exit(0)  # the zygote is gone
+            try:
+                ctl.send(f"written {os.getpid()} {len(written)}".encode())
+                while (msg := ctl.recv(16)) != b"go":
+                    if not msg:
+                        raise ConnectionError
+            except OSError:
+                _orphaned(holder)
             continue
         ctl.send(f"runner {pid} 0".encode())
         os.kill(os.getpid(), signal.SIGSTOP)  # idle until the zygote needs us again
@@ -1227,17 +1254,24 @@ def _holder_loop(ctl: socket.socket, ns: dict) -> None:
         ctl.send(f"status {pid} {status}".encode())
 
 
-def _runner(ctl: socket.socket, ns: dict, holder: int, user_hup):
-    """Wait for a cell, run it in `ns`, report it. Returns the code's SIGHUP disposition."""
+def _orphaned(holder: int) -> None:
+    """The zygote is gone: take the stopped holder along, and go."""
+    if os.getppid() == holder:
+        os.kill(holder, signal.SIGKILL)
+    os._exit(0)
+
+
+def _runner(ctl: socket.socket, ns: dict, holder: int, user_hup, written: list):
+    """Wait for a cell, run it in `ns`, report it. Returns the code's SIGHUP disposition and the
+    page faults the cell took."""
+    _copy_ahead(written, ctl)
     while True:
         try:
             msg, fds, _, _ = socket.recv_fds(ctl, 16, 4)
         except OSError:
             msg, fds = b"", []
-        if not msg:  # the zygote is gone: take the stopped holder along
-            if os.getppid() == holder:
-                os.kill(holder, signal.SIGKILL)
-            os._exit(0)
+        if not msg:
+            _orphaned(holder)
         if msg == b"run" and len(fds) == 4:
             break
         for fd in fds:  # anything else (a stray "go") is not for us
@@ -1255,9 +1289,11 @@ def _runner(ctl: socket.socket, ns: dict, holder: int, user_hup):
         signal.signal(signal.SIGHUP, user_hup)
     except BaseException:
         _internal_failure(res_w)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     _exec_code(req["code"], ns, f"<cell {req['cell']}>", echo=True, res_fd=res_w)
     os.close(res_w)
-    return signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    return signal.signal(signal.SIGHUP, signal.SIG_IGN), faults
 
 
 def _await_runner(z: _Zygote, h: _Holder, deadline: float) -> int | None:
@@ -1327,23 +1363,41 @@ def _run_cell(z: _Zygote, req: dict) -> dict:
             h.pid, committed = runner, True  # the cell killed its own checkpoint: this is the only state left
         else:
             note = "the cell killed the session's process; its state was lost and the next cell starts from an empty namespace"
-        # After a commit the new holder's children are the cell's leftovers; otherwise a holder's
-        # child is its (next) runner.
-        _sweep(z, _holders(z), _holders(z) - {h.pid} if committed else None)
+        if committed:  # the caller gets its answer first; the rest waits in _settle_commit
+            z.after = functools.partial(_settle_commit, z, h, state.get("written", False))
+        else:  # a holder's child is its (next) runner
+            _sweep(z, _holders(z))
         _drain(z, state, out_r, err_r, res_r)
         for fd in (out_r, err_r, res_r):
             os.close(fd)
-        _wipe_shm(z)
         if note and note.startswith("the cell killed"):
+            _wipe_shm(z)
             _close_holder(z, req["sid"])
-        elif committed:
-            h.ctl.send(b"go")  # the new holder forks the next runner while the model generates
-        else:
+        elif not committed:
+            _wipe_shm(z)
             _signal(h.pid, signal.SIGCONT)  # the holder forks a new runner
     resp = _verdict(z, state)
     if note:
         resp["note"] = note
     return resp
+
+
+def _settle_commit(z: _Zygote, h: _Holder, written: bool) -> None:
+    """After a committed cell's response: let the new holder list the pages its cell wrote (that
+    needs its old holder alive, see _written_pages), then kill the old holder and the cell's
+    leftovers (after a commit, the new holder's children are leftovers), and say "go": the new
+    holder forks the next runner while the model generates."""
+    deadline = time.monotonic() + 0.25  # a hostile cell may never say it: then it only loses speed
+    while not written and (wait := deadline - time.monotonic()) > 0:
+        if select.select([h.ctl], [], [], wait)[0]:
+            for kind, pid, _ in _read_ctl(h.ctl):
+                written = written or kind == "eof" or (kind == "written" and pid == h.pid)
+    _sweep(z, _holders(z), _holders(z) - {h.pid})
+    _wipe_shm(z)
+    try:
+        h.ctl.send(b"go")
+    except OSError:
+        pass  # the session is gone; the next cell finds out
 
 
 def _close_holder(z: _Zygote, sid: int) -> dict:
@@ -1354,6 +1408,60 @@ def _close_holder(z: _Zygote, sid: int) -> dict:
         _sweep(z, _holders(z))
         shutil.rmtree(h.scratch, ignore_errors=True)
     return {"kind": "none"}
+
+
+# ---- copy-on-write ahead of a cell
+#
+# A cell runs in a fork of the session's state, so every page it writes is first copied, one page
+# fault (~3 us) at a time: for a sympy solve about 1,500 faults, as long as the solve itself. The
+# pages a cell writes are mostly the same from one cell to the next (interpreter state, caches,
+# reference counts of the library objects it uses). So a runner that just ran a cell lists the
+# pages it wrote, and its own runner copies them in bulk while it waits for the next cell, which
+# in a rollout is while the model generates. Only speed depends on this: any failure skips it.
+
+def _written_pages() -> list:
+    """[(address, length)] of this process's private writable pages that it alone maps, while
+    its parent (the holder it was forked from) is alive: the pages it wrote since the fork.
+    From /proc/self/pagemap: bit 63 present, bit 56 exclusively mapped."""
+    try:
+        np = sys.modules["numpy"]
+        spans = []
+        with open("/proc/self/maps", "rb") as f:
+            for line in f:
+                addr, perms = line.split(None, 2)[:2]
+                if perms[:2] == b"rw" and perms[3:4] == b"p":
+                    a, b = addr.split(b"-")
+                    spans.append((int(a, 16) >> 12, int(b, 16) >> 12))
+        fd = os.open("/proc/self/pagemap", os.O_RDONLY)
+        try:
+            words = np.frombuffer(b"".join(os.pread(fd, (b - a) * 8, a * 8) for a, b in spans), dtype=np.uint64)
+        finally:
+            os.close(fd)
+        pages = np.concatenate([np.arange(a, b, dtype=np.uint64) for a, b in spans])[:len(words)]
+        flags = np.uint64((1 << 63) | (1 << 56))
+        hot = pages[(words & flags) == flags][:COPY_AHEAD_MAX_PAGES]
+        if not len(hot):
+            return []
+        cut = np.flatnonzero(np.diff(hot) != 1) + 1
+        starts = hot[np.concatenate(([0], cut))].astype(np.int64) << 12
+        lengths = np.diff(np.concatenate(([0], cut, [len(hot)]))).astype(np.int64) << 12
+        return list(zip(starts.tolist(), lengths.tolist()))
+    except Exception:
+        return []
+
+
+def _copy_ahead(ranges: list, ctl: socket.socket) -> None:
+    """Break copy-on-write on `ranges` now, in bulk; stop as soon as the cell arrives on ctl."""
+    batch = 0
+    for addr, length in ranges:
+        if batch >= (256 << 10):
+            batch = 0
+            if select.select([ctl], [], [], 0)[0]:
+                return
+        if _libc.madvise(ctypes.c_void_p(addr), ctypes.c_size_t(length), ctypes.c_int(MADV_POPULATE_WRITE)) != 0:
+            if ctypes.get_errno() == errno.EINVAL:
+                return  # a kernel older than 5.14; an unmapped or read-only range is just skipped
+        batch += length
 
 
 # ---- running the code itself (in the forked child)

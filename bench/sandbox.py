@@ -11,9 +11,12 @@ second). Every timed execution checks the exit status and the exact expected out
 import cannot pass for a fast run. The snippet changes on every call (different numbers), so no run
 is a cache hit of an earlier one.
 
-Back to back, a session pays for forking its next runner right after each cell. In a rollout the
-model generates between two cells of a trajectory, and that fork happens meanwhile: the `think`
-line shows session-cell latency with 50 ms between cells, as a rollout sees it.
+Back to back, a session pays on the caller's clock for what it otherwise does between cells:
+settling the committed cell, forking its next runner, and copying ahead the pages the next cell
+will write (see sandbox.py, "copy-on-write ahead of a cell"). In a rollout the model generates
+between two cells of a trajectory and that work happens meanwhile: the `think` line is the session
+cell's median latency as a rollout sees it, every caller pausing 50 ms before each cell, and its
+`x fresh` is the ratio of median latencies (fresh median / think median, the same callers).
 
 Usage: python bench/sandbox.py [--calls 40] [--fresh-calls 8] [--slots N]
 Ends with one line: bench: sandbox <figure>=<value> ...
@@ -46,13 +49,15 @@ def fresh(code: str) -> str:
     return p.stdout
 
 
-def timed(call, codes: list, expected: list, callers: int) -> tuple:
+def timed(call, codes: list, expected: list, callers: int, think: float = 0.0) -> tuple:
     """Run the codes with `callers` concurrent callers, caller j taking codes j, j+callers, ...
-    (and, for sessions, always its own session). Returns (executions/s, median latency in s)."""
+    (and, for sessions, always its own session), each pausing `think` seconds before each call.
+    Returns (executions/s, median latency in s)."""
     latencies = []
 
     def caller(j):
         for k in range(j, len(codes), callers):
+            time.sleep(think)
             t0 = time.perf_counter()
             out = call(j, codes[k])
             latencies.append(time.perf_counter() - t0)
@@ -109,21 +114,18 @@ def main():
             if mode != "fresh":
                 figures[f"{name}_{mode}_x"] = eps / base
             figures[f"{name}_{mode}_ms"] = med * 1000
-        think = []
-        for i in range(300, 300 + max(5, args.calls // 4)):
-            time.sleep(0.05)
-            t0 = time.perf_counter()
-            out = run_cell(0, make(i))
-            think.append(time.perf_counter() - t0)
-            assert out.strip() == want(i), f"wrong output {out!r}, expected {want(i)!r}"
-        figures[f"{name}_think_ms"] = statistics.median(think) * 1000
-        print(f"{name:8s} {'think':8s} {'':9s} {figures[f'{name}_think_ms']:10.1f}   (session cell after 50 ms of generation)")
+        _, med = timed(run_cell, [make(i) for i in range(300, 300 + args.calls)],
+                       [want(i) for i in range(300, 300 + args.calls)], n, think=0.05)
+        figures[f"{name}_think_ms"] = med * 1000
+        figures[f"{name}_think_x"] = rows["fresh"][1] / med
+        print(f"{name:8s} {'think':8s} {'':9s} {med * 1000:10.1f} {figures[f'{name}_think_x']:8.1f}"
+              "   (session cell after 50 ms of generation; ratio of median latencies)")
     for s in sessions:
         s.close()
     sb.close()
     keys = ["numpy_fork_x", "sympy_fork_x", "sympy_session_x", "trivial_fork_x", "numpy_session_x",
             "trivial_fresh_ms", "numpy_fresh_ms", "sympy_fresh_ms", "numpy_fork_ms", "sympy_fork_ms", "sympy_session_ms",
-            "trivial_think_ms", "sympy_think_ms"]
+            "trivial_think_ms", "sympy_think_ms", "numpy_think_x", "sympy_think_x"]
     print("bench: sandbox " + " ".join(f"{k}={figures[k]:.1f}" for k in keys))
 
 
