@@ -322,28 +322,32 @@ def load_lcb(lcb_dir: str, start: str = "2025-02", end: str = "2025-05", limit: 
             raise EvalError(f"LiveCodeBench window months must look like 2025-02, got {m!r}")
     problems, seen = [], set()
     for path in files:
-        with open(path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, start=1):
-                if not line.strip():
+        for where, row in _jsonl_rows(path):
+            qid = str(row.get("question_id"))
+            if qid in seen:
+                continue
+            if ids is not None:
+                if qid not in ids:
                     continue
-                where = f"{path}:{lineno}"
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise EvalError(f"{where}: bad JSON: {e.msg} at column {e.colno}") from None
-                qid = str(row.get("question_id"))
-                if qid in seen:
-                    continue
-                if ids is not None:
-                    if qid not in ids:
-                        continue
-                elif not start <= str(row.get("contest_date", ""))[:7] <= end:
-                    continue
-                problems.append(_lcb_problem(row, where))
-                seen.add(qid)
-                if limit and len(problems) >= limit:
-                    return problems
+            elif not start <= str(row.get("contest_date", ""))[:7] <= end:
+                continue
+            problems.append(_lcb_problem(row, where))
+            seen.add(qid)
+            if limit and len(problems) >= limit:
+                return problems
     return problems
+
+
+def _jsonl_rows(path: Path):
+    """(file:line, parsed value) for each non-blank line; a line that is not JSON is an EvalError naming it."""
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield f"{path}:{lineno}", json.loads(line)
+            except json.JSONDecodeError as e:
+                raise EvalError(f"{path}:{lineno}: malformed JSON line ({e.msg} at column {e.colno})") from None
 
 
 def load_benchmark(name: str, args: Args) -> list[Problem]:
@@ -566,35 +570,27 @@ def read_records(path: str | Path) -> list[dict]:
     if not path.is_file():
         raise EvalError(f"responses file not found: {path}")
     records, seen = [], {}
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise EvalError(f"{where}: malformed JSON line ({e.msg} at column {e.colno})") from None
-            if not isinstance(rec, dict):
-                raise EvalError(f"{where}: expected a JSON object, got {type(rec).__name__}")
-            for key, typ in _REQUIRED.items():
-                if key not in rec:
-                    raise EvalError(f"{where}: missing field {key!r}")
-                ok = isinstance(rec[key], typ) and (typ is bool or not isinstance(rec[key], bool))
-                if not ok:
-                    raise EvalError(f"{where}: field {key!r} must be {typ.__name__}, got {type(rec[key]).__name__}")
-            if rec["benchmark"] not in BENCHMARKS:
-                raise EvalError(f"{where}: unknown benchmark {rec['benchmark']!r}; known: {', '.join(BENCHMARKS)}")
-            if TASK[rec["benchmark"]] != "code" and not isinstance(rec.get("gold"), str):
-                raise EvalError(f"{where}: field 'gold' must be a string for {rec['benchmark']}")
-            if rec["num_tool_calls"] < 0 or not 0 <= rec["num_tool_errors"] <= rec["num_tool_calls"]:
-                raise EvalError(f"{where}: need 0 <= num_tool_errors <= num_tool_calls")
-            key = (rec["benchmark"], rec["problem_id"], rec["sample_idx"])
-            if key in seen:
-                raise EvalError(f"{where}: duplicate sample {key} (first on line {seen[key]})")
-            seen[key] = lineno
-            rec.setdefault("meta", {})
-            records.append(rec)
+    for where, rec in _jsonl_rows(path):
+        if not isinstance(rec, dict):
+            raise EvalError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+        for key, typ in _REQUIRED.items():
+            if key not in rec:
+                raise EvalError(f"{where}: missing field {key!r}")
+            ok = isinstance(rec[key], typ) and (typ is bool or not isinstance(rec[key], bool))
+            if not ok:
+                raise EvalError(f"{where}: field {key!r} must be {typ.__name__}, got {type(rec[key]).__name__}")
+        if rec["benchmark"] not in BENCHMARKS:
+            raise EvalError(f"{where}: unknown benchmark {rec['benchmark']!r}; known: {', '.join(BENCHMARKS)}")
+        if TASK[rec["benchmark"]] != "code" and not isinstance(rec.get("gold"), str):
+            raise EvalError(f"{where}: field 'gold' must be a string for {rec['benchmark']}")
+        if rec["num_tool_calls"] < 0 or not 0 <= rec["num_tool_errors"] <= rec["num_tool_calls"]:
+            raise EvalError(f"{where}: need 0 <= num_tool_errors <= num_tool_calls")
+        key = (rec["benchmark"], rec["problem_id"], rec["sample_idx"])
+        if key in seen:
+            raise EvalError(f"{where}: duplicate sample {key} (first on line {seen[key]})")
+        seen[key] = where.rsplit(":", 1)[1]
+        rec.setdefault("meta", {})
+        records.append(rec)
     if not records:
         raise EvalError(f"{path}: no records")
     return records

@@ -517,21 +517,25 @@ def _budget(n_tests: int, per_test_s: float, total_s: float | None) -> float:
     return total_s if total_s is not None else min((per_test_s + 1) * n_tests + 5, 300.0)
 
 
-def run_stdio_tests(code: str, cases: list[dict], sandbox=None, per_test_s: float = 6.0,
-                    total_s: float | None = None) -> bool:
-    """Run `code` once per case with case["input"] on stdin; all outputs must match (stdout_matches)."""
-    sb = _get_sandbox(sandbox)
-    program = _LCB_IMPORTS + "\n" + code
+def _run_cases(sb, program: str, cases: list[dict], per_test_s: float, total_s: float | None, passed) -> bool:
+    """Run `program` once per case, case["input"] on stdin, within the problem's time budget; every
+    result must satisfy passed(result, case)."""
     deadline = time.monotonic() + _budget(len(cases), per_test_s, total_s)
     for case in cases:
         left = deadline - time.monotonic()
         if left <= 0:
             return False
         _check_room(sb, case["output"])
-        res = sb.run(program, stdin=case["input"], timeout_s=min(per_test_s, left))
-        if not res.ok or not stdout_matches(res.stdout, case["output"]):
+        if not passed(sb.run(program, stdin=case["input"], timeout_s=min(per_test_s, left)), case):
             return False
     return True
+
+
+def run_stdio_tests(code: str, cases: list[dict], sandbox=None, per_test_s: float = 6.0,
+                    total_s: float | None = None) -> bool:
+    """Run `code` once per case with case["input"] on stdin; all outputs must match (stdout_matches)."""
+    return _run_cases(_get_sandbox(sandbox), _LCB_IMPORTS + "\n" + code, cases, per_test_s, total_s,
+                      lambda res, case: res.ok and stdout_matches(res.stdout, case["output"]))
 
 
 _CALL_HARNESS = """\
@@ -554,31 +558,23 @@ print({marker!r} + _json.dumps(_res, default=_plain))
 def run_call_tests(code: str, func_name: str, cases: list[dict], sandbox=None, per_test_s: float = 6.0,
                    total_s: float | None = None) -> bool:
     """LiveCodeBench functional problems: per case, call `Solution().<func_name>(*args)` (args: one
-    JSON value per input line) and compare its JSON-encoded result with the JSON expected output."""
+    JSON value per input line) and compare its JSON-encoded result with the JSON expected output.
+    The result line carries a random marker the code cannot know, so it cannot print a fake one."""
     if not re.fullmatch(r"[A-Za-z_]\w*", func_name or ""):
         raise ValueError(f"functional tests need a Python identifier as func_name, got {func_name!r}")
-    sb = _get_sandbox(sandbox)
-    deadline = time.monotonic() + _budget(len(cases), per_test_s, total_s)
-    for case in cases:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return False
-        _check_room(sb, case["output"])
-        marker = secrets.token_hex(16)
-        program = _CALL_HARNESS.format(imports=_LCB_IMPORTS, code=code, name=func_name, marker=marker)
-        res = sb.run(program, stdin=case["input"], timeout_s=min(per_test_s, left))
-        if not res.ok:
-            return False
+    marker = secrets.token_hex(16)
+    program = _CALL_HARNESS.format(imports=_LCB_IMPORTS, code=code, name=func_name, marker=marker)
+
+    def passed(res, case) -> bool:
         lines = [ln for ln in res.stdout.splitlines() if ln.startswith(marker)]
-        if not lines:
+        if not res.ok or not lines:
             return False
         try:
-            got, want = json.loads(lines[-1][len(marker):]), json.loads(case["output"])
+            return json.loads(lines[-1][len(marker):]) == json.loads(case["output"])
         except json.JSONDecodeError:
             return False
-        if got != want:
-            return False
-    return True
+
+    return _run_cases(_get_sandbox(sandbox), program, cases, per_test_s, total_s, passed)
 
 
 def grade_code(response: str, tests, sandbox=None, per_test_s: float = 6.0, total_s: float | None = None) -> bool:

@@ -160,7 +160,7 @@ async def retry_failed_call(traj, start: int, result, *, cfg: SaarConfig, state:
             traj.extend(new.token_ids, mask=1, logprobs=new.logprobs)
             state.on = False
             state.events.append(dict(turn=run.turn, kind="answered", similarity=None, retry=retries,
-                                     error_kind=result.error_kind))
+                                     error_kind=result.error_kind, regen_tokens=len(new.token_ids)))
             return Outcome(next_turn=next_turn, next_finish=new.finish_reason, failed_start=start,
                            failed_result=result)
         rep = replace_turn(old_turn, new.token_ids, tokenizer=run.tokenizer, gamma=cfg.gamma,
@@ -180,7 +180,8 @@ async def retry_failed_call(traj, start: int, result, *, cfg: SaarConfig, state:
                 # is what a raw rollout would have produced; SAAR stays on for later turns
                 traj.extend(new.token_ids, mask=1, logprobs=new.logprobs)
                 state.events.append(dict(turn=run.turn, kind="gated", similarity=rep.similarity, retry=retries,
-                                         error_kind=result.error_kind, seq_ratio=seq_ratio))
+                                         error_kind=result.error_kind, seq_ratio=seq_ratio,
+                                         regen_tokens=len(new.token_ids)))
                 return Outcome(next_turn=next_turn, next_finish=new.finish_reason, failed_start=start,
                                failed_result=result)
             if cfg.is_mode == "token" and old_isw is not None:
@@ -188,7 +189,7 @@ async def retry_failed_call(traj, start: int, result, *, cfg: SaarConfig, state:
         traj.truncate(start)  # restore the snapshot: the error and the failed call vanish
         traj.extend(rep.ids, mask=1, logprobs=new_logp, is_weight=isw)
         state.events.append(dict(turn=run.turn, kind=rep.kind, similarity=rep.similarity, retry=retries,
-                                 error_kind=result.error_kind))
+                                 error_kind=result.error_kind, regen_tokens=len(new.token_ids)))
         result = await run.execute(run.parse(rep.ids))
         if result.ok:
             return Outcome(result=result)

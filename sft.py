@@ -35,7 +35,6 @@ train.py calls `warm_start(model, tool_format=..., seed=...)`, which caches the 
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import json
@@ -46,7 +45,6 @@ import re
 import shutil
 import sys
 import time
-import typing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,39 +111,6 @@ TOOL_FORMATS = ("markdown", "hermes")
 
 
 # --------------------------------------------------------------------------- command line
-
-def _field_docs(cls) -> dict[str, str]:
-    """The string literal under each dataclass field: its help text."""
-    import ast
-    import inspect
-    import textwrap
-    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
-    docs = {}
-    for a, b in zip(body, body[1:]):
-        if (isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant)
-                and isinstance(b.value.value, str)):
-            docs[a.target.id] = " ".join(b.value.value.split())
-    return docs
-
-
-def parse_args(cls, argv: list[str] | None = None):
-    """An argparse parser made from a dataclass's fields (types, defaults, docstrings); returns cls(...)."""
-    hints = typing.get_type_hints(cls)
-    docs = _field_docs(cls)
-    doc = (sys.modules[cls.__module__].__doc__ or "").strip().splitlines()
-    p = argparse.ArgumentParser(description=doc[0] if doc else None,
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    for f in dataclasses.fields(cls):
-        names = [f"--{f.name}"] + ([f"--{f.name.replace('_', '-')}"] if "_" in f.name else [])
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        t = hints[f.name]
-        if t is bool:
-            p.add_argument(*names, action=argparse.BooleanOptionalAction, default=default, help=docs.get(f.name))
-            continue
-        inner = [a for a in typing.get_args(t) if a is not type(None)]  # `int | None` parses as int
-        p.add_argument(*names, type=inner[0] if inner else t, default=default, help=docs.get(f.name, " "))
-    return cls(**vars(p.parse_args(argv)))
-
 
 # --------------------------------------------------------------------------- conversations -> tokens
 
@@ -651,4 +616,5 @@ def warm_start(model_name: str, *, tool_format: str = "markdown", seed: int = 0,
 
 
 if __name__ == "__main__":
-    run(parse_args(Args))
+    from train import parse_args  # one dataclass -> argparse helper for every entry script
+    run(parse_args(Args, description=(__doc__ or "").strip().splitlines()[0]))

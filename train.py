@@ -184,13 +184,13 @@ def parse_args(cls, argv: list[str] | None = None, description: str = ""):
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     docs, hints = _field_docs(cls), typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        flag = "--" + f.name.replace("_", "-")
+        flags = ["--" + f.name.replace("_", "-")] + (["--" + f.name] if "_" in f.name else [])  # both spellings
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         if hints[f.name] is bool:
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=docs.get(f.name, " "))
+            p.add_argument(*flags, action=argparse.BooleanOptionalAction, default=default, help=docs.get(f.name, " "))
         else:
             inner = [a for a in typing.get_args(hints[f.name]) if a is not type(None)]
-            p.add_argument(flag, type=inner[0] if inner else hints[f.name], default=default, help=docs.get(f.name, " "))
+            p.add_argument(*flags, type=inner[0] if inner else hints[f.name], default=default, help=docs.get(f.name, " "))
     return cls(**vars(p.parse_args(argv)))
 
 

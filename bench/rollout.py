@@ -4,13 +4,15 @@ Figures:
   1. the HF engine's batched tokens/s against one-request-at-a-time generation of the same requests;
   2. tool-calling rollout tokens/s against plain generation of the same token budget (the cost of
      tools and turns), and the share of wall time the engine sits idle waiting on the sandbox;
-  3. SAAR on versus off on a workload with injected errors: the added generated tokens and wall time
-     per rollback.
+  3. SAAR on versus off on a workload with injected errors, same prompts and seeds: per rollback,
+     the tokens regenerated, the generated tokens that end up in no trajectory (the replaced
+     reasoning or call), and the added wall time (on minus off, over the rollbacks: noisy, since
+     the continuations after a rollback differ from the raw ones).
 The model is the demo's warm SmolLM2-135M (sft.py's cold start, built once and cached) so that it
 really writes code; `--model` picks another. Errors are injected by a tool wrapper that fails each
 trajectory's first call with a NameError, as a model's typo would.
 
-    python bench/rollout.py [--model smollm2-135m] [--requests 16] [--new-tokens 128]
+    python bench/rollout.py [--model smollm2-135m] [--requests 16] [--new-tokens 128] [--parts 1,2,3]
 """
 from __future__ import annotations
 
@@ -93,77 +95,95 @@ def main():
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--budget", type=int, default=384, help="response tokens per trajectory")
     ap.add_argument("--no-warm", action="store_true", help="use the base model, not the SFT warm start")
+    ap.add_argument("--parts", default="1,2,3", help="which figures to measure (see above)")
+    ap.add_argument("--saar-requests", type=int, default=32, help="trajectories per setting in part 3")
     a = ap.parse_args()
+    parts = {int(p) for p in a.parts.split(",")}
     path = a.model
     if not a.no_warm and a.model in models.OFFLINE:
         import sft
         path = sft.warm_start(a.model, tool_format="markdown", seed=0)
     tok, model = models.load_tokenizer(path), models.load_model(path).eval()
-    problems = synth.make_problems(a.requests, seed=123, difficulty="rl")
-    prompts = [rollout.prompt_ids(tok, p.problem, p.task, "markdown") for p in problems]
+    problems = synth.make_problems(max(a.requests, a.saar_requests), seed=123, difficulty="rl")
+    all_prompts = [rollout.prompt_ids(tok, p.problem, p.task, "markdown") for p in problems]
+    prompts = all_prompts[:a.requests]
     loop = asyncio.new_event_loop()
+    figures = {}
 
     # ---- 1. batched versus one request at a time, same requests, same seeds
-    eng = HFEngine(model, tok, max_batch=a.requests)
+    eng = HFEngine(model, tok, max_batch=max(a.requests, a.saar_requests))
     params = [SamplingParams(max_new_tokens=a.new_tokens, seed=i) for i in range(a.requests)]
     loop.run_until_complete(eng.generate(prompts[0], SamplingParams(max_new_tokens=4)))  # warm-up
-    t0 = time.perf_counter()
-    outs = loop.run_until_complete(gather(*[eng.generate(p, q) for p, q in zip(prompts, params)]))
-    t_batched = time.perf_counter() - t0
-    n_batched = sum(len(o.token_ids) for o in outs)
-    t0 = time.perf_counter()
-    n_single = 0
-    for p, q in zip(prompts, params):
-        n_single += len(loop.run_until_complete(eng.generate(p, q)).token_ids)
-    t_single = time.perf_counter() - t0
-    batched_x = (n_batched / t_batched) / (n_single / t_single)
-    print(f"engine: batched {n_batched / t_batched:.1f} tok/s ({a.requests} requests), "
-          f"one at a time {n_single / t_single:.1f} tok/s: {batched_x:.2f}x")
+    if 1 in parts:
+        params = [SamplingParams(max_new_tokens=a.new_tokens, seed=i) for i in range(a.requests)]
+        t0 = time.perf_counter()
+        outs = loop.run_until_complete(gather(*[eng.generate(p, q) for p, q in zip(prompts, params)]))
+        t_batched = time.perf_counter() - t0
+        n_batched = sum(len(o.token_ids) for o in outs)
+        t0 = time.perf_counter()
+        n_single = 0
+        for p, q in zip(prompts, params):
+            n_single += len(loop.run_until_complete(eng.generate(p, q)).token_ids)
+        t_single = time.perf_counter() - t0
+        figures["batched_x"] = (n_batched / t_batched) / (n_single / t_single)
+        print(f"engine: batched {n_batched / t_batched:.1f} tok/s ({a.requests} requests), "
+              f"one at a time {n_single / t_single:.1f} tok/s: {figures['batched_x']:.2f}x", flush=True)
 
-    # ---- 2. tool-calling rollouts versus plain generation of the same budget
     meter = Meter(eng)
     kw = dict(tool_format="markdown", max_turns=4, max_response_tokens=a.budget, eos_ids=eng.eos_token_ids)
     with Sandbox(slots=2) as sb:
-        eng.flush_cache()
-        t0 = time.perf_counter()
-        trajs = loop.run_until_complete(rollout.rollout_batch(meter, sb, tok, prompts, seeds=list(range(len(prompts))),
-                                                              **kw))
-        t_tools = time.perf_counter() - t0
-        idle_share = meter.idle / t_tools
-        n_tools = sum(sum(t.loss_mask) for t in trajs)  # sampled tokens only
-        calls = sum(t.num_tool_calls for t in trajs)
-        # plain generation: the same prompts, each asked for as many tokens as its trajectory sampled
-        eng.flush_cache()
-        t0 = time.perf_counter()
-        plain = loop.run_until_complete(gather(*[
-            eng.generate(p, SamplingParams(max_new_tokens=max(1, sum(t.loss_mask)), seed=i))
-            for i, (p, t) in enumerate(zip(prompts, trajs))]))
-        t_plain = time.perf_counter() - t0
-        n_plain = sum(len(o.token_ids) for o in plain)
-        tools_x = (n_tools / t_tools) / (n_plain / t_plain)
-        print(f"rollout: {n_tools / t_tools:.1f} tok/s with {calls} tool calls, plain {n_plain / t_plain:.1f} tok/s: "
-              f"{tools_x:.2f}x; engine idle waiting on the sandbox {100 * idle_share:.1f}% of the wall time")
-
-        # ---- 3. SAAR on versus off, one injected failure per trajectory
-        res = {}
-        for name, cfg in (("off", None), ("on", saar.SaarConfig())):
+        # ---- 2. tool-calling rollouts versus plain generation of the same budget
+        if 2 in parts:
             eng.flush_cache()
-            meter.reset()
             t0 = time.perf_counter()
-            tr = loop.run_until_complete(rollout.rollout_batch(
-                meter, FirstCallFails(sb), tok, prompts, seeds=list(range(len(prompts))), saar_cfg=cfg, saar_p=1.0,
-                stateful=True, **kw))
-            res[name] = (time.perf_counter() - t0, meter.tokens, tr)
-        rollbacks = sum(1 for t in res["on"][2] for e in t.saar_events if e["kind"] in ("shallow", "deep"))
-        per = max(1, rollbacks)
-        add_tok = (res["on"][1] - res["off"][1]) / per
-        add_s = (res["on"][0] - res["off"][0]) / per
-        print(f"saar: {rollbacks} rollbacks; per rollback {add_tok:+.1f} generated tokens, {add_s:+.3f} s wall "
-              f"(on {res['on'][0]:.1f}s / {res['on'][1]} tok, off {res['off'][0]:.1f}s / {res['off'][1]} tok)")
+            trajs = loop.run_until_complete(rollout.rollout_batch(meter, sb, tok, prompts, seeds=list(range(len(prompts))),
+                                                                  **kw))
+            t_tools = time.perf_counter() - t0
+            figures["engine_idle_share"] = meter.idle / t_tools
+            n_tools = sum(sum(t.loss_mask) for t in trajs)  # sampled tokens only
+            calls = sum(t.num_tool_calls for t in trajs)
+            # plain generation: the same prompts, each asked for as many tokens as its trajectory sampled
+            eng.flush_cache()
+            t0 = time.perf_counter()
+            plain = loop.run_until_complete(gather(*[
+                eng.generate(p, SamplingParams(max_new_tokens=max(1, sum(t.loss_mask)), seed=i))
+                for i, (p, t) in enumerate(zip(prompts, trajs))]))
+            t_plain = time.perf_counter() - t0
+            n_plain = sum(len(o.token_ids) for o in plain)
+            figures["tools_vs_plain_x"] = (n_tools / t_tools) / (n_plain / t_plain)
+            print(f"rollout: {n_tools / t_tools:.1f} tok/s with {calls} tool calls, plain {n_plain / t_plain:.1f} tok/s: "
+                  f"{figures['tools_vs_plain_x']:.2f}x; engine idle waiting on the sandbox "
+                  f"{100 * figures['engine_idle_share']:.1f}% of the wall time", flush=True)
+
+        # ---- 3. SAAR on versus off, one injected failure per trajectory (its first call)
+        if 3 in parts:
+            res = {}
+            for name, cfg in (("off", None), ("on", saar.SaarConfig())):
+                eng.flush_cache()
+                meter.reset()
+                t0 = time.perf_counter()
+                tr = loop.run_until_complete(rollout.rollout_batch(
+                    meter, FirstCallFails(sb), tok, all_prompts[:a.saar_requests], seeds=list(range(a.saar_requests)),
+                    saar_cfg=cfg, saar_p=1.0, stateful=True, **kw))
+                res[name] = (time.perf_counter() - t0, meter.tokens, tr)
+            events = [e for t in res["on"][2] for e in t.saar_events]
+            kinds = {k: sum(e["kind"] == k for e in events) for k in ("shallow", "deep", "answered", "given_up")}
+            rollbacks = kinds["shallow"] + kinds["deep"]
+            per = max(1, rollbacks)
+            kept = {name: sum(sum(t.loss_mask) for t in r[2]) for name, r in res.items()}
+            figures.update(
+                saar_rollbacks=rollbacks,
+                saar_regen_tokens=sum(e.get("regen_tokens", 0) for e in events if e["kind"] in ("shallow", "deep")) / per,
+                saar_discarded_tokens=(res["on"][1] - kept["on"]) / per,
+                saar_s_per_rollback=(res["on"][0] - res["off"][0]) / per)
+            print(f"saar: {a.saar_requests} trajectories, first call of each fails; events {kinds}; per rollback "
+                  f"{figures['saar_regen_tokens']:.1f} tokens regenerated, {figures['saar_discarded_tokens']:.1f} generated "
+                  f"but in no trajectory, {figures['saar_s_per_rollback']:+.3f} s wall (on {res['on'][0]:.1f} s / "
+                  f"{res['on'][1]} tok generated, off {res['off'][0]:.1f} s / {res['off'][1]} tok, "
+                  f"{res['off'][1] - kept['off']} of them in no trajectory)", flush=True)
     eng.shutdown()
     loop.close()
-    print(f"bench: rollout batched_x={batched_x:.2f} tools_vs_plain_x={tools_x:.2f} engine_idle_share={idle_share:.3f} "
-          f"saar_rollbacks={rollbacks} saar_tokens_per_rollback={add_tok:.1f} saar_s_per_rollback={add_s:.3f}")
+    print("bench: rollout " + " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in figures.items()))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import torch
 
 import rollout
 import sft
+import train
 from data import synth
 from data.models import load_model, load_tokenizer
 from fakes import ScriptedEngine
@@ -198,9 +199,9 @@ def test_warm_start_trains_once_saves_a_loadable_model_and_reuses_it(tmp_path):
 
 
 def test_parse_args_from_the_dataclass():
-    a = sft.parse_args(sft.Args, ["--epochs", "3", "--no-eval_base", "--tool-format", "hermes", "--lr", "1e-5"])
+    a = train.parse_args(sft.Args, ["--epochs", "3", "--no-eval_base", "--tool-format", "hermes", "--lr", "1e-5"])
     assert (a.epochs, a.eval_base, a.tool_format, a.lr, a.model) == (3, False, "hermes", 1e-5, "smollm2-135m")
-    docs = sft._field_docs(sft.Args)
+    docs = train._field_docs(sft.Args)  # every field has its help line
     assert set(docs) == {f for f in sft.Args.__dataclass_fields__} and all(docs.values())
 
 
