@@ -467,7 +467,13 @@ class HFEngine:
     def _prefix_put(self, key: tuple, kv):
         if key in self._prefix or len(key) > self.prefix_cache_tokens:
             return
-        self._prefix[key] = (np.asarray(key), kv)
+        arr = np.asarray(key)
+        # An entry that the new one extends can never be the longest match again: drop it, or a
+        # multi-turn trajectory would hold one copy of its context per turn and evict the others'.
+        for old in [k for k, (a, _) in self._prefix.items() if len(a) < len(arr) and (a == arr[:len(a)]).all()]:
+            del self._prefix[old]
+            self._prefix_size -= len(old)
+        self._prefix[key] = (arr, kv)
         self._prefix_size += len(key)
         while self._prefix_size > self.prefix_cache_tokens:
             old, _ = self._prefix.popitem(last=False)

@@ -81,8 +81,9 @@ class Args:
     """sampling temperature"""
     top_p: float = 0.6
     """nucleus sampling threshold"""
-    max_new_tokens: int = 20480
-    """response token budget of one trajectory (the paper's max_response_length)"""
+    max_new_tokens: int = 0
+    """response token budget of one trajectory (0: the paper's 20480 on a GPU, 1024 on the CPU, where
+    decoding a 135M model at 8k context runs at a few tokens/s)"""
     seed: int = 0
     """sampling seed"""
     # --- rollout
@@ -392,12 +393,15 @@ def generate(args: Args, problems: list[Problem]) -> list[dict]:
         fmt = "none"
     elif fmt == "auto":  # Qwen-style tokenizers carry a <tool_call> token; small models write fences
         fmt = "hermes" if len(tok.encode("<tool_call>", add_special_tokens=False)) == 1 else "markdown"
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    budget = args.max_new_tokens or (20480 if args.engine == "sglang" or device != "cpu" else 1024)
+    print(f"eval: {args.model} on {'sglang' if args.engine == 'sglang' else device}, response budget {budget} tokens, "
+          f"{args.max_turns} turns, tool format {fmt}", flush=True)
     if args.engine == "sglang":
         from engine import SGLangEngine
         eng = SGLangEngine(model_path=models.resolve(args.model), eos_token_ids=[tok.eos_token_id], seed=args.seed,
                            mem_fraction_static=0.8)
     else:
-        device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
         eng = HFEngine(models.load_model(args.model, device=device).eval(), tok, max_batch=args.engine_batch)
     records = []
     loop = asyncio.new_event_loop()
@@ -411,7 +415,7 @@ def generate(args: Args, problems: list[Problem]) -> list[dict]:
                 trajs = loop.run_until_complete(rollout.rollout_batch(
                     eng, sb, tok, [ids[p.id] for p, _ in jobs], progress=True,
                     seeds=[args.seed * 1_000_003 + k for k in range(len(jobs))],
-                    tool_format=fmt, max_turns=args.max_turns, max_response_tokens=args.max_new_tokens,
+                    tool_format=fmt, max_turns=args.max_turns, max_response_tokens=budget,
                     temperature=args.temperature, top_p=args.top_p, tool_output_chars=256,
                     saar_cfg=saar.SaarConfig() if use_saar else None, saar_p=1.0, eos_ids=[tok.eos_token_id]))
                 for (p, i), tr in zip(jobs, trajs):

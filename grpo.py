@@ -57,6 +57,32 @@ AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mea
 KL_TYPES = ("kl", "low_var_kl")  # veRL's names for Schulman's k1 and k3 estimators
 
 
+@dataclass
+class LossScaler:
+    """Loss scaling for fp16 training, in the manner of torch.amp.GradScaler. The loss is multiplied by
+    `scale` before backward, so that small fp16 gradients do not underflow, and the gradients are
+    divided by it again before the clip. Static when growth_interval is 0. Dynamic otherwise: a
+    mini-batch whose losses are finite but whose gradient is not has overflowed in fp16, so its
+    optimizer step is skipped and the scale halved; after growth_interval good steps in a row the
+    scale doubles. A non-finite gradient at min_scale is not an overflow: it stops the update."""
+    scale: float = 1.0
+    growth_interval: int = 0
+    min_scale: float = 1.0
+    good_steps: int = 0
+    skipped_steps: int = 0
+
+    def can_skip(self) -> bool:
+        return self.growth_interval > 0 and self.scale > self.min_scale
+
+    def overflowed(self) -> None:
+        self.scale, self.good_steps, self.skipped_steps = max(self.scale / 2, self.min_scale), 0, self.skipped_steps + 1
+
+    def stepped(self) -> None:
+        self.good_steps += 1
+        if self.growth_interval > 0 and self.good_steps >= self.growth_interval:
+            self.scale, self.good_steps = self.scale * 2, 0
+
+
 class NonFiniteLossError(RuntimeError):
     """A NaN/inf loss or gradient; raised before optimizer.step, with the gradients zeroed."""
 
@@ -495,7 +521,7 @@ def update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, 
            agg: str = "token-mean", max_len: int | None = None, clip_low: float = 0.2, clip_high: float = 0.28,
            dual_clip_c: float | None = 10.0, kl_coef: float = 0.0, kl_type: str = "low_var_kl",
            temperature: float = 1.0, chunk_size: int = 1024, packed: bool = True,
-           gradient_checkpointing: bool = False, loss_scale: float = 1.0) -> dict:
+           gradient_checkpointing: bool = False, loss_scale: "float | LossScaler" = 1.0) -> dict:
     """One GRPO step: an optimizer step per mini-batch of mini_batch_size trajectories (in order).
 
     Each mini-batch is cut into micro-batches of at most max_tokens_per_micro tokens (packed rows
@@ -505,9 +531,10 @@ def update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, 
     and every rank must have the same number of mini-batches.
     Raises NonFiniteLossError, with the gradients zeroed, before the optimizer.step of a
     mini-batch whose loss (on any rank) or gradient norm is NaN/inf; the mini-batches before it
-    have been applied, so the weights are those of the last good step.
+    have been applied, so the weights are those of the last good step. The one exception is an fp16
+    overflow under a dynamic LossScaler (`loss_scale`, updated in place): that mini-batch is skipped.
     Returns stats (this rank's): "loss"/"pg_loss" averaged over mini-batches; token-weighted means
-    of "clipfrac", "clipfrac_lower", "ppo_kl", "kl"; "grad_norm(_max)", "lr", "n_mini_batches",
+    of "clipfrac", "clipfrac_lower", "ppo_kl", "kl"; "grad_norm(_max)", "lr", "n_mini_batches", "skipped_steps", "loss_scale",
     "n_micro_batches", "tokens", "loss_tokens", "pad_frac", "tokens_per_s".
     """
     if agg not in AGG_MODES:
@@ -524,9 +551,10 @@ def update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, 
     if _all_reduce(len(starts), "max", device) != _all_reduce(len(starts), "min", device):
         raise ValueError(f"ranks have different numbers of mini-batches (this rank: {len(starts)}); "
                          "give every rank the same number of trajectories")
+    scaler = loss_scale if isinstance(loss_scale, LossScaler) else LossScaler(scale=float(loss_scale))
     t0 = time.perf_counter()
     sums: dict[str, float] = {}
-    grad_norms, lrs, n_micro, n_tokens, n_slots = [], [], 0, 0, 0
+    grad_norms, lrs, n_micro, n_tokens, n_slots, skipped = [], [], 0, 0, 0, 0
     for k, s in enumerate(starts):
         mb = batch[s:s + mini_batch_size]
         normaliser = loss_normaliser(mb, agg, device)
@@ -543,8 +571,8 @@ def update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, 
                                    is_weight=micro.is_weight, ref_logp=micro.ref_logp, kl_coef=kl_coef,
                                    kl_type=kl_type, normaliser=normaliser, max_len=max_len, seq_ids=micro.seq_ids)
             # The gradient reduction averages over ranks; scaling by world turns it into the sum.
-            # loss_scale > 1 keeps fp16 activation gradients from underflowing; undone before the clip
-            (loss * (0.0 if dummy else float(world) * loss_scale)).backward()
+            # a loss scale > 1 keeps fp16 activation gradients from underflowing; undone before the clip
+            (loss * (0.0 if dummy else float(world) * scaler.scale)).backward()
             if dummy:
                 continue
             losses.append((loss.detach(), idx))
@@ -557,25 +585,34 @@ def update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, 
             n_micro += 1
             n_tokens += sum(micro.lengths)
             n_slots += micro.n_slots
-        if loss_scale != 1.0:
+        if scaler.scale != 1.0:
             for p in model.parameters():
                 if p.grad is not None:
-                    p.grad.div_(loss_scale)
+                    p.grad.div_(scaler.scale)
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip else float("inf"))
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2 gives a DTensor
         bad = [(j, idx) for j, (loss, idx) in enumerate(losses) if not torch.isfinite(loss)]
-        # All ranks must raise together, or the healthy ones would hang in the next collective.
-        if _all_reduce(float(bool(bad) or not torch.isfinite(norm).item()), "max", device):
+        # All ranks decide together, or the healthy ones would hang in the next collective.
+        loss_bad = _all_reduce(float(bool(bad)), "max", device)
+        grad_bad = _all_reduce(float(not torch.isfinite(norm).item()), "max", device)
+        if grad_bad and not loss_bad and scaler.can_skip():  # an fp16 overflow: skip this step, halve
             optimizer.zero_grad(set_to_none=True)
-            where = (f"micro-batch {bad[0][0]} holding trajectories {[s + i for i in bad[0][1]]}" if bad
-                     else "the gradient (or another rank's loss)")
-            raise NonFiniteLossError(f"non-finite loss in mini-batch {k} at {where}: "
+            scaler.overflowed()
+            skipped += 1
+            continue
+        if loss_bad or grad_bad:
+            optimizer.zero_grad(set_to_none=True)
+            where = (f"loss in mini-batch {k} at micro-batch {bad[0][0]} holding trajectories "
+                     f"{[s + i for i in bad[0][1]]}" if bad else
+                     f"loss in mini-batch {k} on another rank" if loss_bad else f"gradient in mini-batch {k}")
+            raise NonFiniteLossError(f"non-finite {where}: "
                                      f"losses={[round(loss.item(), 6) for loss, _ in losses]}, "
                                      f"grad_norm={norm.item()}; the weights were not updated")
         lrs.append(optimizer.param_groups[0]["lr"])
         optimizer.step()
         if scheduler is not None:
             scheduler.step()
+        scaler.stepped()
         grad_norms.append(norm.item())
     dt = time.perf_counter() - t0
     tok = max(sums.pop("loss_tokens", 0.0), 1.0)
@@ -587,6 +624,8 @@ def update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, 
         "grad_norm_max": max(grad_norms, default=0.0),
         "lr": lrs[-1] if lrs else optimizer.param_groups[0]["lr"],  # the lr of the last step taken
         "n_mini_batches": len(starts),
+        "skipped_steps": skipped,
+        "loss_scale": scaler.scale,
         "n_micro_batches": n_micro,
         "tokens": n_tokens,
         "loss_tokens": int(tok),

@@ -143,7 +143,10 @@ class Args:
     gradient_checkpointing: bool = False
     """recompute activations in the backward pass"""
     loss_scale: float = 0.0
-    """static loss scale for the backward pass (0: 1024 with --dtype float16, else 1); an overflow stops the run"""
+    """initial loss scale of the backward pass (0: 1024 with --dtype float16, else 1)"""
+    loss_scale_growth: int = 200
+    """with float16, a dynamic scale: an overflow skips its mini-batch and halves the scale, and this many
+    good steps double it (0: static, an overflow stops the run)"""
     offload: bool = False
     """FSDP2: keep parameters, gradients and optimizer state on the CPU (the paper's param/optimizer offload)"""
     # sandbox
@@ -252,7 +255,9 @@ def main(args: Args):
     if args.resume and not os.path.exists(ckpt_path):
         raise SystemExit(f"--resume: no checkpoint at {ckpt_path}")
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
-    loss_scale = args.loss_scale or (1024.0 if dtype == torch.float16 else 1.0)
+    fp16 = dtype == torch.float16
+    scaler = grpo.LossScaler(scale=args.loss_scale or (1024.0 if fp16 else 1.0),
+                             growth_interval=args.loss_scale_growth if fp16 else 0)
     if master:
         os.makedirs(os.path.join(out, "rollouts"), exist_ok=True)
         _write_run_info(out, args, subprocess)
@@ -307,7 +312,7 @@ def main(args: Args):
                                                warmup_steps=args.warmup_steps)
     start_step = 0
     if args.resume:
-        start_step = _load_checkpoint(ckpt_path, policy, optimizer, scheduler)
+        start_step = _load_checkpoint(ckpt_path, policy, optimizer, scheduler, scaler)
         log(f"resumed {out} at step {start_step}")
     saar_cfg = saar.SaarConfig(gamma=args.gamma, max_retries=args.max_retries, sim_on=args.sim_on,
                                feedback_instruction=args.feedback_instruction, is_mode=args.is_mode,
@@ -392,12 +397,12 @@ def main(args: Args):
                                 agg=args.agg, max_len=args.max_response_tokens, clip_low=args.clip_low,
                                 clip_high=args.clip_high, dual_clip_c=args.dual_clip_c or None,
                                 kl_coef=args.kl_coef, kl_type=args.kl_type,
-                                gradient_checkpointing=args.gradient_checkpointing, loss_scale=loss_scale)
+                                gradient_checkpointing=args.gradient_checkpointing, loss_scale=scaler)
         except grpo.NonFiniteLossError as e:
             # no optimizer step touched the weights with the bad gradient; keep what is good and stop
-            path = os.path.join(out, f"ckpt-nonfinite-step{step}.pt")
-            _save_checkpoint(path, policy, optimizer, scheduler, step, master)
-            raise SystemExit(f"step {step}: {e}\nweights are unchanged by the bad update; saved {path}. "
+            path = os.path.join(out, f"ckpt-nonfinite-step{step + 1}.pt")
+            _save_checkpoint(path, policy, optimizer, scheduler, scaler, step, master)
+            raise SystemExit(f"step {step + 1}: {e}\nweights are unchanged by the bad update; saved {path}. "
                              f"The last regular checkpoint is {ckpt_path}.")
         t["update"] = time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -426,7 +431,7 @@ def main(args: Args):
             _dump_rollouts(os.path.join(out, "rollouts", f"step_{step + 1:06d}.jsonl"), trajs[:args.dump_rollouts],
                            rewards, tokenizer)
         if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
-            _save_checkpoint(ckpt_path, policy, optimizer, scheduler, step + 1, master)
+            _save_checkpoint(ckpt_path, policy, optimizer, scheduler, scaler, step + 1, master)
     if args.steps > start_step:
         _save_hf(os.path.join(out, "hf"), policy, tokenizer, master)
     sandbox.close()
@@ -481,6 +486,8 @@ def _format_line(m: dict) -> str:
          f"| tool_err {m['tool_err']:.2f} | saar s/d/g {m['saar_shallow']}/{m['saar_deep']}/{m['saar_given_up']} "
          f"| resp_len {m['resp_len']:.0f} | t rollout {m['t_rollout']:.1f}s reward {m['t_reward']:.1f}s "
          f"old_logp {m['t_old_logp']:.1f}s update {m['t_update']:.1f}s sync {m['t_sync']:.2f}s")
+    if m.get("skipped_steps"):
+        s += f" | fp16 overflow: {m['skipped_steps']} mini-batch(es) skipped, loss scale now {m['loss_scale']:g}"
     if "eval_greedy_acc" in m:
         s += f" | eval greedy {m['eval_greedy_acc']:.3f} sampled {m['eval_sampled_acc']:.3f}"
     return s
@@ -537,8 +544,8 @@ def _full_state(model) -> dict:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
 
 
-def _save_checkpoint(path: str, model, optimizer, scheduler, step: int, master: bool):
-    """Model, optimizer, scheduler, step (= data position) and every RNG state; temp file then rename."""
+def _save_checkpoint(path: str, model, optimizer, scheduler, scaler, step: int, master: bool):
+    """Model, optimizer, scheduler, loss scaler, step (= data position) and every RNG state; temp file then rename."""
     import random
 
     import numpy as np
@@ -548,14 +555,14 @@ def _save_checkpoint(path: str, model, optimizer, scheduler, step: int, master: 
     msd, osd = get_state_dict(model, optimizer, options=opts)
     if not master:
         return
-    state = dict(model=msd, optimizer=osd, scheduler=scheduler.state_dict(), step=step,
+    state = dict(model=msd, optimizer=osd, scheduler=scheduler.state_dict(), scaler=dataclasses.asdict(scaler), step=step,
                  rng=dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state()))
     tmp = path + ".tmp"
     torch.save(state, tmp)
     os.replace(tmp, path)  # a kill mid-save leaves the previous checkpoint intact
 
 
-def _load_checkpoint(path: str, model, optimizer, scheduler) -> int:
+def _load_checkpoint(path: str, model, optimizer, scheduler, scaler) -> int:
     import random
 
     import numpy as np
@@ -565,6 +572,8 @@ def _load_checkpoint(path: str, model, optimizer, scheduler) -> int:
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
                    options=StateDictOptions(full_state_dict=True))
     scheduler.load_state_dict(state["scheduler"])
+    for key, value in state.get("scaler", {}).items():
+        setattr(scaler, key, value)
     random.setstate(state["rng"]["python"])
     np.random.set_state(state["rng"]["numpy"])
     torch.set_rng_state(state["rng"]["torch"])

@@ -296,6 +296,8 @@ def test_multi_turn_prompts_reuse_the_previous_turns_kv(mt, engine_of):
     o2 = run(engine.generate(p2, greedy))
     assert engine.stats["prefix_hit_tokens"] >= len(p1) + len(o1.token_ids) - 1
     assert o2.token_ids == hf_greedy(model, p2, 10, [])
+    # the cache keeps one entry per conversation, its longest: the earlier turns' are contained in it
+    assert [len(k) for k in engine._prefix] == [len(p2) + len(o2.token_ids) - 1]
     torch.testing.assert_close(torch.tensor(o2.logprobs), forward_logprobs(model, p2, o2.token_ids),
                                atol=2e-4, rtol=0)
 

@@ -375,6 +375,41 @@ def test_nonfinite_loss_raises_before_weights_change():
         assert all(p.grad is None for p in model.parameters())
 
 
+def test_dynamic_loss_scale_skips_an_overflowed_step_and_halves():
+    batch = make_batch([20, 15, 30, 12])
+
+    def run(scaler, poison: bool):
+        model = tiny_model()
+        opt, sched = grpo.make_optimizer(model, lr=1e-3, warmup_steps=2)
+        before = _params(model)
+        if poison:  # an fp16 overflow: finite losses, an infinite gradient
+            next(model.parameters()).register_hook(lambda g: g * float("inf"))
+        return model, before, grpo.update(model, opt, sched, batch, mini_batch_size=4, max_tokens_per_micro=64,
+                                          loss_scale=scaler), opt, sched
+
+    scaler = grpo.LossScaler(scale=1024.0, growth_interval=3)
+    model, before, st, opt, sched = run(scaler, poison=True)
+    assert st["skipped_steps"] == 1 and st["loss_scale"] == 512.0 and scaler.skipped_steps == 1
+    assert all(torch.equal(before[n], p) for n, p in _params(model).items())  # the step was not taken
+    assert not opt.state and sched.last_epoch == 0
+    # static, or dynamic already at its floor: the same gradient stops the update
+    for scaler in (grpo.LossScaler(scale=1024.0), grpo.LossScaler(scale=1.0, growth_interval=3)):
+        with pytest.raises(NonFiniteLossError, match="non-finite gradient in mini-batch 0.*grad_norm=(inf|nan)"):
+            run(scaler, poison=True)
+    # healthy steps grow the scale after growth_interval of them, and the update equals an unscaled one
+    scaler = grpo.LossScaler(scale=8.0, growth_interval=2)
+    model, _, st, _, _ = run(scaler, poison=False)
+    ref, _, _, _, _ = run(1.0, poison=False)
+    model2, _, _, _, _ = run(grpo.LossScaler(scale=8.0, growth_interval=2), poison=False)
+    assert st["skipped_steps"] == 0 and scaler.good_steps == 1 and scaler.scale == 8.0
+    assert all(torch.allclose(p, _params(ref)[n], atol=1e-6) for n, p in _params(model).items())
+    batch2 = make_batch([20, 15, 30, 12, 9, 14, 22, 18])
+    model = tiny_model()
+    opt, sched = grpo.make_optimizer(model, lr=1e-3, warmup_steps=2)
+    grpo.update(model, opt, sched, batch2, mini_batch_size=4, max_tokens_per_micro=64, loss_scale=scaler)
+    assert scaler.scale == 16.0 and scaler.good_steps == 1  # 3 good steps in all: one doubling
+
+
 def test_training_on_a_learnable_reward_raises_it():
     """Reward = fraction of response tokens with id < 30 (10% under a uniform policy)."""
     model = tiny_model(seed=3)

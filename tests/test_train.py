@@ -72,3 +72,35 @@ def test_kill_mid_step_then_resume_is_bit_identical(tmp_path):
     dumped = (tmp_path / "ref" / "rollouts" / "step_000002.jsonl").read_text().splitlines()
     assert len(dumped) == 2 and "saar_events" in json.loads(dumped[0])
     assert "step    2 | reward" in out_ref
+
+
+def test_a_nonfinite_update_keeps_the_weights_saves_and_stops(tmp_path, monkeypatch):
+    # step 2's batch gets a NaN old log-prob: grpo.update's guard must refuse the optimizer step, and
+    # train.py must save what it has (weights untouched by the bad update), name it, and stop.
+    import grpo
+    real, calls = grpo.update, []
+
+    def poisoned(model, optimizer, scheduler, batch, **kw):
+        calls.append(len(batch))
+        if len(calls) == 2:
+            t = batch[0]
+            vals = list(t.old_logp)
+            vals[t.loss_mask.index(1)] = float("nan")
+            t.old_logp = vals
+        return real(model, optimizer, scheduler, batch, **kw)
+
+    monkeypatch.setattr(grpo, "update", poisoned)
+    monkeypatch.chdir(ROOT)
+    args = train.parse_args(train.Args, SMALL + ["--out-dir", str(tmp_path), "--run-name", "nan", "--steps", "3"])
+    with pytest.raises(SystemExit, match=r"(?s)step 2: non-finite loss in mini-batch 0 .*ckpt-nonfinite-step2\.pt"):
+        train.main(args)
+    run = tmp_path / "nan"
+    good, saved = torch.load(run / "ckpt.pt", weights_only=False), torch.load(run / "ckpt-nonfinite-step2.pt", weights_only=False)
+    assert good["step"] == 1 and len(calls) == 2
+    for k, v in good["model"].items():
+        assert torch.equal(v, saved["model"][k]), k  # the refused update did not touch a weight
+    assert sorted(metrics(run)) == [1]  # step 1 was logged; nothing of the failed step
+    # the run resumes from its last good checkpoint (the batch is clean this time)
+    resumed = train.parse_args(train.Args, SMALL + ["--out-dir", str(tmp_path), "--run-name", "nan", "--steps", "2", "--resume"])
+    train.main(resumed)
+    assert sorted(metrics(run)) == [1, 2] and len(calls) == 3
