@@ -1236,7 +1236,7 @@ def _holder_loop(ctl: socket.socket, ns: dict) -> None:
         if pid == 0:
             user_hup, faults = _runner(ctl, ns, holder, user_hup, written)
             gc.freeze()  # if committed, later cells' collections skip this state, as in the zygote
-            if faults > RESCAN_FAULTS:  # the copy missed much of what this cell wrote: list it anew
+            if faults > RESCAN_FAULTS or not written:  # the copy missed what this cell wrote: list it anew
                 written = _written_pages()  # while our holder lives: the zygote waits for this line
             # Committed: the zygote says "go" after sweeping our cell's leftovers (which a runner
             # forked earlier would be mistaken for). Rolled back: we are killed while waiting.
