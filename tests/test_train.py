@@ -104,3 +104,14 @@ def test_a_nonfinite_update_keeps_the_weights_saves_and_stops(tmp_path, monkeypa
     resumed = train.parse_args(train.Args, SMALL + ["--out-dir", str(tmp_path), "--run-name", "nan", "--steps", "2", "--resume"])
     train.main(resumed)
     assert sorted(metrics(run)) == [1, 2] and len(calls) == 3
+
+
+@pytest.mark.parametrize("script", ["train", "sft", "eval"])
+def test_every_entry_script_prints_its_help(script, capsys):
+    import importlib
+    mod = importlib.import_module(script)
+    with pytest.raises(SystemExit) as e:
+        train.parse_args(mod.Args, ["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "--seed" in out  # rendered, though help lines may hold a "%" (argparse formats them)
