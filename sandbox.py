@@ -104,7 +104,7 @@ NOFILE_LIMIT = 512
 WATCHDOG_GRACE_S = 30.0  # a zygote that misses timeout + this is hung (it never should be)
 START_TIMEOUT_S = 180.0  # a zygote imports numpy + sympy; slow on a loaded 2-core machine
 MADV_POPULATE_WRITE = 23  # Linux 5.14+: fault pages in writable, breaking copy-on-write, in one call
-COPY_AHEAD_MAX_PAGES = 16384  # 64 MiB: the most a session runner copies before its cell arrives
+COPY_AHEAD_MAX_PAGES = 4096  # 16 MiB: the most a session runner copies (and holds twice) before its cell
 RESCAN_FAULTS = 256  # a cell that took more page faults lists the pages it wrote anew (~3 ms)
 
 
