@@ -33,7 +33,8 @@ the correct one comes first in the source. LiveCodeBench from a directory of its
 
 Departures: the official code reads preformatted parquet files (Open-AgentRL-Eval) and grades math
 with verl's math_dapo string normaliser; we read the public sources and grade with math-verify (see
-reward.py).
+reward.py). The response budget defaults to the paper's 20480 tokens on a GPU but 1024 on the CPU
+(`--max-new-tokens` sets it; scripts/eval_*.sh pass 20480).
 """
 
 from __future__ import annotations
@@ -362,7 +363,7 @@ def load_benchmark(name: str, args: Args) -> list[Problem]:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Generation (to be wired to rollout.py)
+# Generation: the training rollout (rollout.py), SAAR at test time as --saar says
 # ---------------------------------------------------------------------------------------------------
 
 def saar_settings(args: Args, benchmark: str) -> list[bool]:
