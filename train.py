@@ -50,9 +50,10 @@ class Args:
     """run sft.py's cold start first when the model is an offline base model (cached)"""
     # data
     train_data: str = "synth"
-    """'synth' (generated code-needing problems), a named set (math_train, aime_train, leetcode_train) or a JSONL path"""
+    """'synth' (generated code-needing problems), 'synth-warmup' (easier ones, as in the cold start), a named set
+    (math_train, aime_train, leetcode_train) or a JSONL path"""
     eval_data: str = "synth"
-    """held-out problems: 'synth' (a disjoint seed), a named set or a JSONL path"""
+    """held-out problems: 'synth' or 'synth-warmup' (a disjoint seed), a named set or a JSONL path"""
     eval_size: int = 4
     """how many held-out problems to evaluate"""
     # rollout
@@ -213,8 +214,8 @@ def overlong_penalty(length: int, max_len: int, buffer: int, factor: float) -> f
 
 def load_problems(spec: str, *, seed: int, n: int | None, difficulty: str = "rl"):
     from data import problems, synth
-    if spec == "synth":
-        return synth.make_problems(n or 4096, seed, difficulty=difficulty)
+    if spec in ("synth", "synth-warmup"):  # synth-warmup: the easier problems of the cold start
+        return synth.make_problems(n or 4096, seed, difficulty="warmup" if spec == "synth-warmup" else difficulty)
     if spec in problems.FILES:
         return problems.load_named(spec, limit=n, on_error="skip")
     return problems.load_jsonl(spec, limit=n, on_error="skip")

@@ -115,3 +115,9 @@ def test_every_entry_script_prints_its_help(script, capsys):
     assert e.value.code == 0
     out = capsys.readouterr().out
     assert "--seed" in out  # rendered, though help lines may hold a "%" (argparse formats them)
+
+
+def test_synth_problem_specs():
+    rl, warm = (train.load_problems(s, seed=0, n=6) for s in ("synth", "synth-warmup"))
+    assert {p.meta["difficulty"] for p in rl} == {"rl"} and {p.meta["difficulty"] for p in warm} == {"warmup"}
+    assert len(rl) == len(warm) == 6 and {p.meta["kind"] for p in warm} == {p.meta["kind"] for p in rl}
