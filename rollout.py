@@ -232,7 +232,8 @@ class Runner:
     """One trajectory's access to the engine, the tool and the tokenizer (what SAAR calls back into)."""
 
     def __init__(self, engine, sandbox, tokenizer, *, tool_format, temperature, top_p, top_k, max_turn_tokens,
-                 max_tool_calls, tool_output_chars, error_format, stateful, seed, eos_ids):
+                 max_tool_calls, tool_output_chars, error_format, stateful, seed, eos_ids, prompt_len,
+                 max_response_tokens):
         self.engine, self.tokenizer, self.tool_format = engine, tokenizer, tool_format
         self.session = sandbox.session() if (stateful and sandbox is not None) else None
         self.sandbox = sandbox
@@ -241,14 +242,20 @@ class Runner:
         self.max_turn_tokens, self.max_tool_calls = max_turn_tokens, max_tool_calls
         self.tool_output_chars, self.error_format = tool_output_chars, error_format
         self.seed, self.n_gen, self.eos_ids = seed, 0, set(eos_ids)
-        self.calls, self.errors, self.left = 0, 0, 0
+        self.prompt_len, self.max_response_tokens = prompt_len, max_response_tokens
+        self.calls, self.errors = 0, 0
         self.turn = 0
+
+    def left(self, full_ids: list[int]) -> int:
+        """Response tokens still allowed after full_ids (prompt + response so far, whatever it holds)."""
+        return self.max_response_tokens - (len(full_ids) - self.prompt_len)
 
     async def generate(self, full_ids: list[int]):
         # per-trajectory seeds: what a trajectory samples can't depend on what else is in flight
         seed = None if self.seed is None else (self.seed * 1_000_003 + self.n_gen) % (2**63)
         self.n_gen += 1
-        cap = self.left if self.max_turn_tokens is None else min(self.left, self.max_turn_tokens)
+        left = self.left(full_ids)
+        cap = left if self.max_turn_tokens is None else min(left, self.max_turn_tokens)
         cap = min(cap, getattr(self.engine, "max_len", 1 << 62) - len(full_ids))  # the model's context window
         p = SamplingParams(max_new_tokens=max(cap, 1), stop_token_ids=list(self.stop_ids), stop=list(self.stop_strs),
                            seed=seed, **self.sampling)
@@ -304,7 +311,7 @@ async def rollout_one(engine, sandbox, tokenizer, prompt: list[int], *, tool_for
     run = Runner(engine, sandbox, tokenizer, tool_format=tool_format, temperature=temperature, top_p=top_p,
                  top_k=top_k, max_turn_tokens=max_turn_tokens, max_tool_calls=max_tool_calls,
                  tool_output_chars=tool_output_chars, error_format=error_format, stateful=stateful, seed=seed,
-                 eos_ids=eos)
+                 eos_ids=eos, prompt_len=len(traj.prompt_ids), max_response_tokens=max_response_tokens)
 
     async def handle_turn(start: int, gen_finish: str) -> str | None:
         """Process the assistant turn at response_ids[start:]: None to go on, else a finish reason."""
@@ -338,8 +345,7 @@ async def rollout_one(engine, sandbox, tokenizer, prompt: list[int], *, tool_for
         finish = "max_turns"
         for turn in range(max_turns):
             run.turn = turn
-            run.left = max_response_tokens - len(traj.response_ids)
-            if run.left <= 0:
+            if len(traj.response_ids) >= max_response_tokens:
                 traj.truncated, finish = True, "length"
                 break
             out = await run.generate(traj.prompt_ids + traj.response_ids)

@@ -150,10 +150,7 @@ async def retry_failed_call(traj, start: int, result, *, cfg: SaarConfig, state:
         fb = run.tool_turn_ids(feedback, run.ended(old_turn))
         traj.extend(fb, mask=0)
         next_turn = len(traj.response_ids)
-        left = run.left
-        run.left = left - len(fb) - len(old_turn)  # room if the error and the new turn both stay
-        new = await run.generate(traj.prompt_ids + traj.response_ids)
-        run.left = left
+        new = await run.generate(traj.prompt_ids + traj.response_ids)  # room if the error and the new turn both stay
         retries += 1
         if not run.parse(new.token_ids).present:
             # the model answered instead of calling again: keep the error and the answer; SAAR off

@@ -183,3 +183,16 @@ def test_importance_correction_token_mode(tok, sb):
     assert traj.is_weight is not None and len(traj.is_weight) == len(traj.response_ids)
     # the scripted score equals the sampled log-prob, so every weight is exactly 1
     assert set(traj.is_weight) == {1.0}
+
+
+def test_gated_retries_stay_within_the_response_budget(tok, sb):
+    # The gate keeps each error and lets the regenerated turn follow it. When that turn fails too,
+    # its retry must be capped by what is left after everything already in the sequence.
+    cfg = saar.SaarConfig(is_mode="gate", is_gate=2.0)  # the scripted ratio is 1: always gated
+    bad = call("print(undefined_a)")
+    long_answer = "word " * 400 + "\\boxed{42}<|im_end|>"
+    traj, eng, prompt = run(tok, sb, [bad, bad, long_answer], saar_cfg=cfg, saar_p=1.0, max_response_tokens=200)
+    assert [e["kind"] for e in traj.saar_events] == ["gated", "answered"]
+    assert len(traj.response_ids) <= 200 and traj.truncated
+    for inp, out in zip(eng.inputs, eng.outputs):
+        assert len(inp) - len(prompt) + len(out) <= 200
