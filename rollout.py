@@ -301,6 +301,10 @@ async def rollout_one(engine, sandbox, tokenizer, prompt: list[int], *, tool_for
                       saar_cfg: saar.SaarConfig | None = None, saar_p: float = 0.0, seed: int | None = None,
                       eos_ids=(), meta: dict | None = None) -> Trajectory:
     """Roll out one trajectory: generate, call the tool, append its result, until an answer or a cap."""
+    if saar_cfg is not None and saar_cfg.is_mode != "none" and temperature not in (0.0, 1.0):
+        # engine.score gives log-probs at temperature 1, as greedy requests do; sampled ones are at `temperature`
+        raise ValueError(f"SAAR importance correction (is_mode={saar_cfg.is_mode!r}) needs temperature 1.0, "
+                         f"got {temperature}")
     traj = Trajectory(prompt_ids=list(prompt), meta=dict(meta or {}))
     # curriculum mixing: each trajectory draws SAAR with probability p (seeded per trajectory)
     traj.saar = saar_cfg is not None and random.Random(seed).random() < saar_p

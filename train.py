@@ -385,11 +385,13 @@ def main(args: Args):
 
         # ---------------------------------------------------------- update
         t0 = time.perf_counter()
-        # the paper's code recomputes old log-probs on the final (purified) tokens
-        for b, lp in zip(batch, grpo.compute_old_logprobs(policy, batch, max_tokens_per_micro=args.max_tokens_per_micro)):
+        # the paper's code recomputes old log-probs on the final (purified) tokens; every log-prob of the
+        # update is taken under the distribution the rollout sampled from, softmax(logits / temperature)
+        logp_kw = dict(max_tokens_per_micro=args.max_tokens_per_micro, temperature=args.temperature)
+        for b, lp in zip(batch, grpo.compute_old_logprobs(policy, batch, **logp_kw)):
             b.old_logp = lp
         if ref is not None:
-            for b, lp in zip(batch, grpo.compute_old_logprobs(ref, batch, max_tokens_per_micro=args.max_tokens_per_micro)):
+            for b, lp in zip(batch, grpo.compute_old_logprobs(ref, batch, **logp_kw)):
                 b.ref_logp = lp
         t["old_logp"] = time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -401,7 +403,7 @@ def main(args: Args):
                                 max_tokens_per_micro=args.max_tokens_per_micro, grad_clip=args.grad_clip,
                                 agg=args.agg, max_len=args.max_response_tokens, clip_low=args.clip_low,
                                 clip_high=args.clip_high, dual_clip_c=args.dual_clip_c or None,
-                                kl_coef=args.kl_coef, kl_type=args.kl_type,
+                                kl_coef=args.kl_coef, kl_type=args.kl_type, temperature=args.temperature,
                                 gradient_checkpointing=args.gradient_checkpointing, loss_scale=scaler,
                                 packed=args.packed)
         except grpo.NonFiniteLossError as e:

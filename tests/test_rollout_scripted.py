@@ -196,3 +196,9 @@ def test_gated_retries_stay_within_the_response_budget(tok, sb):
     assert len(traj.response_ids) <= 200 and traj.truncated
     for inp, out in zip(eng.inputs, eng.outputs):
         assert len(inp) - len(prompt) + len(out) <= 200
+
+
+def test_importance_correction_refuses_a_temperature_it_cannot_match(tok, sb):
+    cfg = saar.SaarConfig(is_mode="token")
+    with pytest.raises(ValueError, match="needs temperature 1.0, got 0.7"):
+        run(tok, sb, [call("print(1)")], saar_cfg=cfg, saar_p=1.0, temperature=0.7)
