@@ -458,7 +458,7 @@ class HFEngine:
         return best, [(k[:, :, :best], v[:, :, :best]) for k, v in kv]
 
     def _prefix_store(self, ids: list[int], cache, row: int):
-        if self.prefix_cache_tokens <= 0:
+        if self.prefix_cache_tokens <= 0 or tuple(ids) in self._prefix:  # a GRPO group shares its prompt
             return
         L = len(ids)
         kv = [(l.keys[row:row + 1, :, :L].clone(), l.values[row:row + 1, :, :L].clone()) for l in cache.layers]

@@ -410,9 +410,9 @@ def generate(args: Args, problems: list[Problem]) -> list[dict]:
         for bench in dict.fromkeys(p.meta["benchmark"] for p in problems):
             mine = [p for p in problems if p.meta["benchmark"] == bench]
             n = samples_per_problem(args, bench)
+            jobs = [(p, i) for p in mine for i in range(n)]
+            ids = {p.id: rollout.prompt_ids(tok, p.problem, p.task, fmt) for p in mine}
             for use_saar in saar_settings(args, bench):
-                jobs = [(p, i) for p in mine for i in range(n)]
-                ids = {p.id: rollout.prompt_ids(tok, p.problem, p.task, fmt) for p in mine}
                 trajs = loop.run_until_complete(rollout.rollout_batch(
                     eng, sb, tok, [ids[p.id] for p, _ in jobs], progress=True,
                     seeds=[args.seed * 1_000_003 + k for k in range(len(jobs))],
@@ -592,8 +592,8 @@ def read_records(path: str | Path) -> list[dict]:
             raise EvalError(f"{where}: need 0 <= num_tool_errors <= num_tool_calls")
         key = (rec["benchmark"], rec["problem_id"], rec["sample_idx"])
         if key in seen:
-            raise EvalError(f"{where}: duplicate sample {key} (first on line {seen[key]})")
-        seen[key] = where.rsplit(":", 1)[1]
+            raise EvalError(f"{where}: duplicate sample {key} (first at {seen[key]})")
+        seen[key] = where
         rec.setdefault("meta", {})
         records.append(rec)
     if not records:

@@ -592,10 +592,11 @@ def update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, 
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip else float("inf"))
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2 gives a DTensor
         bad = [(j, idx) for j, (loss, idx) in enumerate(losses) if not torch.isfinite(loss)]
-        # All ranks decide together, or the healthy ones would hang in the next collective.
-        loss_bad = _all_reduce(float(bool(bad)), "max", device)
-        grad_bad = _all_reduce(float(not torch.isfinite(norm).item()), "max", device)
-        if grad_bad and not loss_bad and scaler.can_skip():  # an fp16 overflow: skip this step, halve
+        # All ranks decide together, or the healthy ones would hang in the next collective. One max
+        # carries both: 2 = a loss is bad somewhere, 1 = only a gradient.
+        worst = _all_reduce(2.0 if bad else float(not torch.isfinite(norm).item()), "max", device)
+        loss_bad, grad_bad = worst == 2.0, worst == 1.0
+        if grad_bad and scaler.can_skip():  # an fp16 overflow: skip this step, halve
             optimizer.zero_grad(set_to_none=True)
             scaler.overflowed()
             skipped += 1

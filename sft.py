@@ -110,8 +110,6 @@ EVAL_SEED_OFFSET = 10_000  # eval problems come from another seed's stream than 
 TOOL_FORMATS = ("markdown", "hermes")
 
 
-# --------------------------------------------------------------------------- command line
-
 # --------------------------------------------------------------------------- conversations -> tokens
 
 def _content(m: dict, where: str) -> str:

@@ -212,10 +212,10 @@ def overlong_penalty(length: int, max_len: int, buffer: int, factor: float) -> f
     return min(0.0, -(length - (max_len - buffer)) / buffer * factor)
 
 
-def load_problems(spec: str, *, seed: int, n: int | None, difficulty: str = "rl"):
+def load_problems(spec: str, *, seed: int, n: int | None):
     from data import problems, synth
     if spec in ("synth", "synth-warmup"):  # synth-warmup: the easier problems of the cold start
-        return synth.make_problems(n or 4096, seed, difficulty="warmup" if spec == "synth-warmup" else difficulty)
+        return synth.make_problems(n or 4096, seed, difficulty="warmup" if spec == "synth-warmup" else "rl")
     if spec in problems.FILES:
         return problems.load_named(spec, limit=n, on_error="skip")
     return problems.load_jsonl(spec, limit=n, on_error="skip")
@@ -459,8 +459,8 @@ def _evaluate(loop, eng, sandbox, tokenizer, problems, args, saar_cfg, roll_kw, 
     import torch.distributed as dist
     mine = problems[rank::world]
     out = {}
+    prompts = [rollout.prompt_ids(tokenizer, p.problem, p.task, args.tool_format) for p in mine]
     for name, temp in (("greedy", 0.0), ("sampled", args.temperature)):
-        prompts = [rollout.prompt_ids(tokenizer, p.problem, p.task, args.tool_format) for p in mine]
         trajs = loop.run_until_complete(rollout.rollout_batch(
             eng, sandbox, tokenizer, prompts, seeds=list(range(len(prompts))), temperature=temp, top_p=args.top_p,
             saar_cfg=saar_cfg if args.eval_saar else None, saar_p=1.0, **roll_kw))

@@ -37,7 +37,7 @@ class Meter:
     def __init__(self, engine):
         self.engine, self.in_flight, self.tokens = engine, 0, 0
         self.idle, self._since = 0.0, time.perf_counter()
-        self.eos_token_ids, self.max_len = engine.eos_token_ids, engine.max_len
+        self.max_len = engine.max_len  # the rollout caps each turn at the context window
 
     async def generate(self, ids, params):
         if self.in_flight == 0:
@@ -112,7 +112,6 @@ def main():
 
     # ---- 1. batched versus one request at a time, same requests, same seeds
     eng = HFEngine(model, tok, max_batch=max(a.requests, a.saar_requests))
-    params = [SamplingParams(max_new_tokens=a.new_tokens, seed=i) for i in range(a.requests)]
     loop.run_until_complete(eng.generate(prompts[0], SamplingParams(max_new_tokens=4)))  # warm-up
     if 1 in parts:
         params = [SamplingParams(max_new_tokens=a.new_tokens, seed=i) for i in range(a.requests)]
