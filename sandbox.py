@@ -419,11 +419,11 @@ class Session:
                "code": code, "timeout": timeout, "stdin": stdin}
         w = sb._acquire(self._worker)
         try:
-            sb._revive(w)
+            alive = sb._revive(w)  # first, so that a respawn shows in the generation
             lost = self._generation is not None and self._generation != w.generation
             self._generation = w.generation
             self._opened[0] = True
-            resp = sb._request(w, req, timeout)
+            resp = sb._request(w, req, timeout) if alive else None  # a failed respawn is not retried here
         finally:
             sb._release(w)
         if resp is None:
@@ -888,8 +888,7 @@ def _internal_failure(res_fd: int) -> None:
     try:
         traceback.print_exc()
         e = sys.exc_info()[1]
-        frame = json.dumps({"kind": "sandbox_internal", "detail": f"{type(e).__name__}: {e}"[:300]}).encode()
-        os.write(res_fd, struct.pack(">I", len(frame)) + frame)
+        _write_frame(res_fd, {"kind": "sandbox_internal", "detail": f"{type(e).__name__}: {e}"[:300]})
     finally:
         os._exit(121)
 
@@ -1314,7 +1313,7 @@ def _await_runner(z: _Zygote, h: _Holder, deadline: float) -> int | None:
 
 
 def _run_cell(z: _Zygote, req: dict) -> dict:
-    h, note = z.sessions.get(req["sid"]), None
+    h, note, lost = z.sessions.get(req["sid"]), None, False
     if h is not None and not _holder_alive(z, h):
         _close_holder(z, req["sid"])
         h, note = None, "the session's process had died and its state was lost; this cell ran in an empty namespace"
@@ -1362,19 +1361,19 @@ def _run_cell(z: _Zygote, req: dict) -> dict:
         elif frame is not None and ours:
             h.pid, committed = runner, True  # the cell killed its own checkpoint: this is the only state left
         else:
+            lost = True
             note = "the cell killed the session's process; its state was lost and the next cell starts from an empty namespace"
         if committed:  # the caller gets its answer first; the rest waits in _settle_commit
             z.after = functools.partial(_settle_commit, z, h, state.get("written", False))
         else:  # a holder's child is its (next) runner
             _sweep(z, _holders(z))
+            _wipe_shm(z)
         _drain(z, state, out_r, err_r, res_r)
         for fd in (out_r, err_r, res_r):
             os.close(fd)
-        if note and note.startswith("the cell killed"):
-            _wipe_shm(z)
+        if lost:
             _close_holder(z, req["sid"])
         elif not committed:
-            _wipe_shm(z)
             _signal(h.pid, signal.SIGCONT)  # the holder forks a new runner
     resp = _verdict(z, state)
     if note:
@@ -1507,12 +1506,8 @@ def _exec_code(code: str, ns: dict, filename: str, echo: bool, res_fd: int) -> N
         _flush_streams()
         os._exit(0 if result["kind"] == "none" else 1)
     _flush_streams()
-    result["pid"] = me
-    frame = json.dumps(result).encode()
     try:
-        view = memoryview(struct.pack(">I", len(frame)) + frame)
-        while view:
-            view = view[os.write(res_fd, view):]
+        _write_frame(res_fd, result)
     except OSError:
         os._exit(0 if result["kind"] == "none" else 1)
 
