@@ -349,13 +349,13 @@ class HFEngine:
         self._lens = self._lens + 1
         self.stats["decode_steps"] += 1
         toks, lps = self._sample(logits, self._rows)
+        self._last = toks.cpu()  # one device-to-host copy per step, not one per row
         keep = []
-        for i, r in enumerate(self._rows):
-            if self._append(r, int(toks[i]), float(lps[i])):
+        for i, (r, tok, lp) in enumerate(zip(self._rows, self._last.tolist(), lps.tolist())):
+            if self._append(r, tok, lp):
                 self._store_finished(i, r)
             else:
                 keep.append(i)
-        self._last = toks.cpu()
         if len(keep) < B:
             self._select(keep)
 
