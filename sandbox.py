@@ -18,13 +18,14 @@ How it works
   wall-clock timeout and the output-flood limit with SIGKILL, then kills whatever the code left
   running and wipes the scratch dir. Time spent waiting for a free slot does not count.
 - `session()` (stateful, like a Jupyter kernel): the zygote forks a holder process that keeps the
-  namespace; it is the checkpoint. Ahead of each cell the holder forks a runner that waits for the
-  cell, so no fork sits between a request and the code. If the cell succeeds the runner becomes
-  the holder and the old one is killed; if it fails the runner is killed and the holder is
-  untouched, so a failed, timed-out or crashed cell leaves the state as it was. Every page a cell
-  writes is copied first (copy-on-write): for a sympy solve that costs as much as the solve. So
-  the runner copies in bulk, while the model generates, the pages the previous cell wrote
-  (`_copy_ahead`), and a committed cell is settled after its answer is sent.
+  namespace; it is the checkpoint. Ahead of each cell the holder forks a runner that gets ready
+  (its output pipes, streams and process group) and waits for the cell, so neither a fork nor any
+  set-up sits between a request and the code. If the cell succeeds the runner becomes the holder
+  and the old one is killed; if it fails the runner is killed and the holder is untouched, so a
+  failed, timed-out or crashed cell leaves the state as it was. Every page a cell writes is copied
+  first (copy-on-write): for a sympy solve that costs as much as the solve. So each runner lists
+  the pages its cell wrote, and the next one copies them in bulk while the model generates
+  (`_copy_ahead`). All of this happens after the cell's answer is sent.
   `session(rollback=False)` keeps what a cell did before it raised (Jupyter-style); a timeout or a
   crash still rolls back, since the process that held those effects is gone. Idle holders stop
   themselves, so threads of idle sessions do not run. Session cells are named `<cell N>` in
@@ -105,7 +106,6 @@ WATCHDOG_GRACE_S = 30.0  # a zygote that misses timeout + this is hung (it never
 START_TIMEOUT_S = 180.0  # a zygote imports numpy + sympy; slow on a loaded 2-core machine
 MADV_POPULATE_WRITE = 23  # Linux 5.14+: fault pages in writable, breaking copy-on-write, in one call
 COPY_AHEAD_MAX_PAGES = 4096  # 16 MiB: the most a session runner copies (and holds twice) before its cell
-RESCAN_FAULTS = 256  # a cell that took more page faults lists the pages it wrote anew (~3 ms)
 
 
 @dataclass
@@ -981,8 +981,6 @@ def _supervise(z: _Zygote, out_r: int, err_r: int, res_r: int, deadline: float, 
                     if kind == "status" and pid == runner:
                         state["status"] = value
                         state["reason"] = "exited"
-                    elif kind == "runner":  # the woken holder already forked the next runner
-                        state["next_runner"] = pid
                     elif kind == "written" and pid == runner:
                         state["written"] = True
                     elif kind == "eof":
@@ -1155,22 +1153,31 @@ def _sweep(z: _Zygote, keep: set, keep_children_of: set | None = None) -> None:
 # ---- sessions
 #
 # A session is a holder process H, the checkpoint that holds the namespace, and a runner R, a fork
-# of H made ahead of time that waits for the next cell (so no fork sits between a request and the
-# cell). R runs the cell. To commit it the zygote kills H and R becomes the holder; once the zygote
-# has swept the cell's leftovers it says "go" and R forks its own runner. To roll back the zygote
-# kills R; H, woken, forks a new runner at once. Either way the next runner is forked while the
-# model is busy generating. Idle holders stop themselves, so their threads do not run.
-# H and R are as untrusted as the code (they ran it), so the zygote checks everything they say.
+# of H made ahead of time that waits for the next cell. Everything a cell needs that does not
+# depend on its code is done before it arrives, while the model generates: the zygote hands H the
+# cell's output pipes ("go"), H forks R, R points its stdout and stderr at them and copies ahead
+# the pages the last cell wrote, and the zygote checks R (its parent is H) and opens a pidfd on it.
+# A request then costs one message. R runs the cell. To commit it the zygote kills H and R becomes
+# the holder; to roll back the zygote kills R and H is untouched. Either way, once the answer is
+# sent, the zygote sweeps the cell's leftovers and says "go" again. Idle holders stop themselves,
+# so their threads do not run. H and R are as untrusted as the code (they ran it), so the zygote
+# checks everything they say, and a session they break only fails its own later cells.
 
 @dataclass
 class _Holder:
     pid: int
     ctl: socket.socket
-    uid: int | None
     scratch: str
     rollback: bool
     cells: int = 0
-    runner: int | None = None  # pid of the runner waiting for the next cell, once reported
+    runner: int | None = None  # the runner waiting for the next cell, checked to be the holder's child
+    pidfd: int | None = None  # the runner's
+    pipes: tuple | None = None  # (out_r, err_r, res_r) of the next cell; the runner holds the write ends
+
+    def drop_runner(self) -> None:
+        for fd in ([self.pidfd] if self.pidfd is not None else []) + list(self.pipes or ()):
+            os.close(fd)
+        self.runner = self.pidfd = self.pipes = None
 
 
 def _holder_alive(z: _Zygote, h: _Holder) -> bool:
@@ -1214,7 +1221,7 @@ def _open_holder(z: _Zygote, sid: int, uid: int | None, rollback: bool) -> _Hold
         os._exit(0)
     ctl_h.close()
     ctl_z.setblocking(False)
-    return _Holder(pid, ctl_z, uid, scratch, rollback)
+    return _Holder(pid, ctl_z, scratch, rollback)
 
 
 def _holder_loop(ctl: socket.socket, ns: dict) -> None:
@@ -1224,157 +1231,204 @@ def _holder_loop(ctl: socket.socket, ns: dict) -> None:
     # makes the kernel send SIGHUP; ignored, it is dropped. Cells get the code's own disposition.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     written = []  # what this process's own cell wrote: its runners copy it ahead of their cells
+    parent = None  # the holder this process was the runner of
     while True:
         try:
             while os.waitpid(-1, os.WNOHANG)[0]:
                 pass
         except ChildProcessError:
             pass
+        pipes = _await_go(ctl, parent)
         holder = os.getpid()
         pid = os.fork()
         if pid == 0:
-            user_hup, faults = _runner(ctl, ns, holder, user_hup, written)
+            parent = holder
+            user_hup = _runner(ctl, ns, holder, user_hup, written, pipes)
             gc.freeze()  # if committed, later cells' collections skip this state, as in the zygote
-            if faults > RESCAN_FAULTS or not written:  # the copy missed what this cell wrote: list it anew
-                written = _written_pages()  # while our holder lives: the zygote waits for this line
-            # Committed: the zygote says "go" after sweeping our cell's leftovers (which a runner
-            # forked earlier would be mistaken for). Rolled back: we are killed while waiting.
+            # Committed or not, list what the cell wrote while our holder lives (the zygote waits
+            # for this line before it kills the holder); rolled back, we are killed meanwhile.
+            written = _written_pages()
             try:
                 ctl.send(f"written {os.getpid()} {len(written)}".encode())
-                while (msg := ctl.recv(16)) != b"go":
-                    if not msg:
-                        raise ConnectionError
             except OSError:
-                _orphaned(holder)
+                _orphaned(parent)
             continue
+        for fd in pipes:
+            os.close(fd)
         ctl.send(f"runner {pid} 0".encode())
         os.kill(os.getpid(), signal.SIGSTOP)  # idle until the zygote needs us again
-        _, status = os.waitpid(pid, 0)  # the runner was rolled back or died: fork the next one
+        _, status = os.waitpid(pid, 0)  # the runner was rolled back or died: wait for the next "go"
         ctl.send(f"status {pid} {status}".encode())
 
 
-def _orphaned(holder: int) -> None:
+def _await_go(ctl: socket.socket, parent: int | None) -> list:
+    """Wait for the zygote's "go", which carries the next cell's stdout, stderr and result pipes."""
+    while True:
+        try:
+            msg, fds, _, _ = socket.recv_fds(ctl, 16, 3)
+        except OSError:
+            msg, fds = b"", []
+        if not msg:
+            _orphaned(parent)
+        if msg == b"go" and len(fds) == 3:
+            return fds
+        for fd in fds:
+            os.close(fd)
+
+
+def _orphaned(holder: int | None) -> None:
     """The zygote is gone: take the stopped holder along, and go."""
-    if os.getppid() == holder:
+    if holder is not None and os.getppid() == holder:
         os.kill(holder, signal.SIGKILL)
     os._exit(0)
 
 
-def _runner(ctl: socket.socket, ns: dict, holder: int, user_hup, written: list):
-    """Wait for a cell, run it in `ns`, report it. Returns the code's SIGHUP disposition and the
-    page faults the cell took."""
+def _runner(ctl: socket.socket, ns: dict, holder: int, user_hup, written: list, pipes: list):
+    """Get ready for a cell, wait for it, run it in `ns`, report it. Returns the code's SIGHUP
+    disposition."""
+    out_w, err_w, res_w = pipes
+    try:
+        os.setpgid(0, 0)  # so a rollback kills the cell and its forks with one killpg
+        for i, fd in enumerate((os.open(os.devnull, os.O_RDONLY), out_w, err_w)):
+            os.dup2(fd, i)
+            os.close(fd)
+        _std_streams()
+    except BaseException:
+        _internal_failure(res_w)
     _copy_ahead(written, ctl)
     while True:
         try:
-            msg, fds, _, _ = socket.recv_fds(ctl, 16, 4)
+            msg, fds, _, _ = socket.recv_fds(ctl, 16, 1)
         except OSError:
             msg, fds = b"", []
         if not msg:
             _orphaned(holder)
-        if msg == b"run" and len(fds) == 4:
+        if msg == b"run" and len(fds) == 1:
             break
-        for fd in fds:  # anything else (a stray "go") is not for us
+        for fd in fds:  # anything else is not for us
             os.close(fd)
-    payload_fd, out_w, err_w, res_w = fds
     try:
-        with open(payload_fd, "rb") as f:
+        with open(fds[0], "rb") as f:
             req = json.loads(f.read())
-        os.setpgid(0, 0)  # so a rollback kills the cell and its forks with one killpg
-        for i, fd in enumerate((_stdin_fd(req["stdin"]), out_w, err_w)):
-            os.dup2(fd, i)
+        if req["stdin"] is not None:
+            fd = _stdin_fd(req["stdin"])
+            os.dup2(fd, 0)
             os.close(fd)
         _set_cpu_limit(req["timeout"], hard=False)
-        _std_streams()
         signal.signal(signal.SIGHUP, user_hup)
     except BaseException:
         _internal_failure(res_w)
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     _exec_code(req["code"], ns, f"<cell {req['cell']}>", echo=True, res_fd=res_w)
     os.close(res_w)
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
-    return signal.signal(signal.SIGHUP, signal.SIG_IGN), faults
+    return signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
 
-def _await_runner(z: _Zygote, h: _Holder, deadline: float) -> int | None:
-    """The runner waiting for this session's next cell: reported by the holder, checked in /proc."""
+def _arm(z: _Zygote, h: _Holder, deadline: float) -> bool:
+    """Give the holder the next cell's pipes and wait for the runner it forks: reported by the
+    holder, checked in /proc to be its child, and watched through a pidfd from then on."""
+    h.drop_runner()
+    # Whatever the session said before this point is stale (a cell's fork may have posed as a
+    # runner before the sweep killed it), and the runner is reported only after "go".
+    if any(kind == "eof" for kind, _, _ in _read_ctl(h.ctl)):
+        return False  # every process of the session is gone
+    pairs = _pipes()
+    try:
+        socket.send_fds(h.ctl, [b"go"], [w for _, w in pairs])
+    except OSError:
+        for fd in itertools.chain(*pairs):
+            os.close(fd)
+        return False
+    for _, w in pairs:
+        os.close(w)
+    h.pipes = tuple(r for r, _ in pairs)
     while True:
         for kind, pid, _ in _read_ctl(h.ctl):
-            entry = _proc_entry(pid) if kind == "runner" else None
-            if entry is not None and entry[0] == h.pid:
-                h.runner = pid
-        if h.runner is not None and (_proc_entry(h.runner) or (None,))[0] == h.pid:
-            return h.runner
-        h.runner = None
-        _signal(h.pid, signal.SIGCONT)  # a holder that stopped itself just after an earlier SIGCONT
+            if kind == "eof":  # every process of the session is gone
+                return False
+            if kind != "runner" or h.pidfd is not None:
+                continue
+            try:
+                pidfd = os.pidfd_open(pid)  # first, so that the check below is about this very process
+            except OSError:
+                continue
+            if (_proc_entry(pid) or (None,))[0] == h.pid:
+                h.runner, h.pidfd = pid, pidfd
+            else:
+                os.close(pidfd)
+        if h.pidfd is not None:
+            return True
         wait = deadline - time.monotonic()
         if wait <= 0:
-            return None
-        select.select([h.ctl], [], [], min(wait, 0.05))
+            return False
+        if not select.select([h.ctl], [], [], min(wait, 0.05))[0]:
+            _signal(h.pid, signal.SIGCONT)  # a holder that stopped itself just after our last SIGCONT
+
+
+def _runner_ready(h: _Holder) -> bool:
+    return h.pidfd is not None and not select.select([h.pidfd], [], [], 0)[0]
 
 
 def _run_cell(z: _Zygote, req: dict) -> dict:
     h, note, lost = z.sessions.get(req["sid"]), None, False
+    t0 = time.monotonic()
     if h is not None and not _holder_alive(z, h):
         _close_holder(z, req["sid"])
         h, note = None, "the session's process had died and its state was lost; this cell ran in an empty namespace"
     if h is None:
         h = z.sessions[req["sid"]] = _open_holder(z, req["sid"], req["uid"], req["rollback"])
     h.cells += 1
-    t0 = time.monotonic()
-    runner = _await_runner(z, h, t0 + req["timeout"])
-    if runner is None:  # earlier cells broke the holder: do not let it hang every cell
-        _close_holder(z, req["sid"])
-        state = _new_state(z)
-        state.update(reason="timeout", duration=time.monotonic() - t0)
-        resp = _verdict(z, state)
-        resp["note"] = "the session's process stopped responding; its state was lost and the next cell starts from an empty namespace"
-        return resp
-    (out_r, out_w), (err_r, err_w), (res_r, res_w) = _pipes()
+    if not _runner_ready(h):  # a new session, or the runner could not be made ready in time
+        if h.pidfd is not None:  # it died: its holder reports that, then waits for "go"
+            _signal(h.pid, signal.SIGCONT)
+        if not _arm(z, h, t0 + req["timeout"]):  # earlier cells broke the holder: do not let it hang every cell
+            _close_holder(z, req["sid"])
+            state = _new_state(z)
+            state.update(reason="timeout", duration=time.monotonic() - t0)
+            resp = _verdict(z, state)
+            resp["note"] = "the session's process stopped responding; its state was lost and the next cell starts from an empty namespace"
+            return resp
+    runner, pidfd, (out_r, err_r, res_r) = h.runner, h.pidfd, h.pipes
+    h.runner = h.pidfd = h.pipes = None
     payload = os.memfd_create("cell")
     os.write(payload, json.dumps({"code": req["code"], "timeout": req["timeout"], "stdin": req["stdin"], "cell": h.cells}).encode())
     os.lseek(payload, 0, os.SEEK_SET)
-    pidfd, state = os.pidfd_open(runner), None
+    state = None
     try:
         try:
-            socket.send_fds(h.ctl, [b"run"], [payload, out_w, err_w, res_w])
+            socket.send_fds(h.ctl, [b"run"], [payload])
         finally:
-            for fd in (payload, out_w, err_w, res_w):
-                os.close(fd)
+            os.close(payload)
         state = _supervise(z, out_r, err_r, res_r, t0 + req["timeout"], pidfd, h=h, runner=runner)
     finally:
-        os.close(pidfd)
         state = state or dict(_new_state(z), reason="exited")
         state["duration"] = time.monotonic() - t0
         frame = _frame_complete(state["res"]) if state["reason"] == "result" else None
         good = frame is not None and (frame.get("kind") == "none" or (not h.rollback and frame.get("kind") == "exception"))
-        entry, holder_alive = _proc_entry(runner), _holder_alive(z, h)
-        ours = entry is not None and (entry[0] == h.pid or (not holder_alive and entry[0] == os.getpid()))
-        h.runner = None
+        # Alive, the runner is still ours: the holder's child, or the zygote's if the holder died.
+        ours, holder_alive = not select.select([pidfd], [], [], 0)[0], _holder_alive(z, h)
         committed = False
         if good and ours:
             h.pid, committed = runner, True  # commit: the sweep kills the old holder
         elif holder_alive:  # rollback: the old holder is untouched
-            if entry is not None:
-                _signal(runner, signal.SIGKILL)
+            if ours:
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
             _killpg(runner)  # its forks (a group id is never reused while the group lives)
-            h.runner = state.get("next_runner")  # if it already forked the next one (checked before use)
         elif frame is not None and ours:
             h.pid, committed = runner, True  # the cell killed its own checkpoint: this is the only state left
         else:
             lost = True
             note = "the cell killed the session's process; its state was lost and the next cell starts from an empty namespace"
-        if committed:  # the caller gets its answer first; the rest waits in _settle_commit
-            z.after = functools.partial(_settle_commit, z, h, state.get("written", False))
-        else:  # a holder's child is its (next) runner
-            _sweep(z, _holders(z))
-            _wipe_shm(z)
         _drain(z, state, out_r, err_r, res_r)
         for fd in (out_r, err_r, res_r):
             os.close(fd)
         if lost:
+            os.close(pidfd)
             _close_holder(z, req["sid"])
-        elif not committed:
-            _signal(h.pid, signal.SIGCONT)  # the holder forks a new runner
+        elif committed:  # the caller gets its answer first; the next runner is made ready after
+            os.close(pidfd)
+            z.after = functools.partial(_settle_commit, z, h, state.get("written", False))
+        else:
+            z.after = functools.partial(_settle_rollback, z, h, pidfd)
     resp = _verdict(z, state)
     if note:
         resp["note"] = note
@@ -1384,8 +1438,8 @@ def _run_cell(z: _Zygote, req: dict) -> dict:
 def _settle_commit(z: _Zygote, h: _Holder, written: bool) -> None:
     """After a committed cell's response: let the new holder list the pages its cell wrote (that
     needs its old holder alive, see _written_pages), then kill the old holder and the cell's
-    leftovers (after a commit, the new holder's children are leftovers), and say "go": the new
-    holder forks the next runner while the model generates."""
+    leftovers (after a commit, the new holder's children are leftovers), and make the next runner
+    ready while the model generates."""
     deadline = time.monotonic() + 0.25  # a hostile cell may never say it: then it only loses speed
     while not written and (wait := deadline - time.monotonic()) > 0:
         if select.select([h.ctl], [], [], wait)[0]:
@@ -1393,16 +1447,27 @@ def _settle_commit(z: _Zygote, h: _Holder, written: bool) -> None:
                 written = written or kind == "eof" or (kind == "written" and pid == h.pid)
     _sweep(z, _holders(z), _holders(z) - {h.pid})
     _wipe_shm(z)
+    _arm(z, h, time.monotonic() + 1.0)  # not ready in time: the next cell waits for it
+
+
+def _settle_rollback(z: _Zygote, h: _Holder, pidfd: int) -> None:
+    """After a rolled-back cell's response: once the killed runner is gone (so it cannot take the
+    holder's "go"), sweep what the cell left and make the holder's next runner ready."""
     try:
-        h.ctl.send(b"go")
-    except OSError:
-        pass  # the session is gone; the next cell finds out
+        select.select([pidfd], [], [], 1.0)
+    finally:
+        os.close(pidfd)
+    _sweep(z, _holders(z))  # a holder's child is its (dead) runner
+    _wipe_shm(z)
+    _signal(h.pid, signal.SIGCONT)  # the holder reaps the runner, then waits for "go"
+    _arm(z, h, time.monotonic() + 1.0)
 
 
 def _close_holder(z: _Zygote, sid: int) -> dict:
     h = z.sessions.pop(sid, None)
     if h is not None:
         _signal(h.pid, signal.SIGKILL)
+        h.drop_runner()
         h.ctl.close()
         _sweep(z, _holders(z))
         shutil.rmtree(h.scratch, ignore_errors=True)
@@ -1416,7 +1481,11 @@ def _close_holder(z: _Zygote, sid: int) -> dict:
 # pages a cell writes are mostly the same from one cell to the next (interpreter state, caches,
 # reference counts of the library objects it uses). So a runner that just ran a cell lists the
 # pages it wrote, and its own runner copies them in bulk while it waits for the next cell, which
-# in a rollout is while the model generates. Only speed depends on this: any failure skips it.
+# in a rollout is while the model generates. The list is made after every cell (2-3 ms, after the
+# answer): it holds the pages copied ahead too, so it grows slowly towards the set the session's
+# cells keep writing (1,300 to 1,700 pages over 40 sympy solves), capped at COPY_AHEAD_MAX_PAGES.
+# Listing only after cells that faulted a lot let it go stale: 140 faults a cell instead of 55.
+# Only speed depends on this: any failure skips it.
 
 def _written_pages() -> list:
     """[(address, length)] of this process's private writable pages that it alone maps, while

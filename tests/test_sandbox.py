@@ -405,6 +405,25 @@ def test_session_crash_of_its_own_holder(sb, contained):
         expect(s.run("print(x)"), "none", "2")
 
 
+def test_session_cells_that_meddle_with_the_control_socket(sb, contained):
+    # Session processes talk to the zygote over fd 3, which the cell can reach. A fork of a cell
+    # posing as the next runner is ignored; a cell that closes the socket loses only its own state.
+    before = live_descendants()
+    with sb.session() as s:
+        expect(s.run("x = 1"), "none")
+        pose = ("import os, socket\nctl = socket.socket(fileno=os.dup(3))\nfor _ in range(3):\n"
+                "    if os.fork() == 0:\n        ctl.send(f'runner {os.getpid()} 0'.encode())\n"
+                "        ctl.send(f'status {os.getpid()} 0'.encode())\n        import time; time.sleep(60)\nx = 2")
+        expect(s.run(pose), "none")
+        for i in range(3):
+            expect(s.run(f"x += 1\nprint(x)"), "none", str(3 + i))
+        expect(s.run("import os\nos.close(3)\ny = 1"), "none")
+        expect(s.run("print(x)"), "exception", "NameError", "state was lost")
+        expect(s.run("x = 7"), "none")
+        expect(s.run("print(x)"), "none", "7")
+    assert settles_to(before)
+
+
 def test_session_cells_copy_ahead_the_pages_they_write(sb, contained):
     # A cell runs in a fork of the session's state, so each page it writes is copied on a fault.
     # The runner copies the pages the previous cell wrote while it waits (sandbox._copy_ahead),
