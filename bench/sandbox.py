@@ -11,14 +11,15 @@ second). Every timed execution checks the exit status and the exact expected out
 import cannot pass for a fast run. The snippet changes on every call (different numbers), so no run
 is a cache hit of an earlier one.
 
-Back to back, a session pays on the caller's clock for what it otherwise does between cells:
-settling the committed cell, forking its next runner, and copying ahead the pages the next cell
-will write (see sandbox.py, "copy-on-write ahead of a cell"). In a rollout the model generates
-between two cells of a trajectory and that work happens meanwhile: the `think` line is the session
-cell's median latency as a rollout sees it, every caller pausing 50 ms before each cell, and its
-`x fresh` is the ratio of median latencies (fresh median / think median, the same callers).
+Back to back, the sandbox pays on the caller's clock for what it otherwise does between calls:
+forking the next stateless child; for a session, settling the committed cell, forking its next
+runner and copying ahead the pages the next cell will write (see sandbox.py, "copy-on-write ahead
+of a cell"). In a rollout the model generates between two calls of a trajectory and that work
+happens meanwhile: the `+think` rows are the median latency as a rollout sees it, every caller
+pausing 50 ms before each call, and their `x fresh` is the ratio of median latencies (fresh
+median / that median, the same number of callers).
 
-Usage: python bench/sandbox.py [--calls 40] [--fresh-calls 8] [--slots N]
+Usage: python bench/sandbox.py [--calls 40] [--fresh-calls 16] [--slots N]
 Ends with one line: bench: sandbox <figure>=<value> ...
 """
 
@@ -73,7 +74,7 @@ def timed(call, codes: list, expected: list, callers: int, think: float = 0.0) -
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     ap.add_argument("--calls", type=int, default=40, help="timed sandbox executions per case and mode")
-    ap.add_argument("--fresh-calls", type=int, default=8, help="timed fresh-interpreter executions per case")
+    ap.add_argument("--fresh-calls", type=int, default=16, help="timed fresh-interpreter executions per case")
     ap.add_argument("--slots", type=int, default=None, help="sandbox slots (default: the core count)")
     args = ap.parse_args()
 
@@ -92,7 +93,7 @@ def main():
         return r.stdout
 
     print(f"python {sys.executable}, {n} slots = concurrent callers, sandbox layers: {', '.join(sb.layers)}")
-    print(f"{'case':8s} {'mode':8s} {'exec/s':>9s} {'median ms':>10s} {'x fresh':>8s}")
+    print(f"{'case':8s} {'mode':14s} {'exec/s':>9s} {'median ms':>10s} {'x fresh':>8s}")
     figures = {}
     for name, (make, want) in CASES.items():
         # Warm-up, untimed: the first cell of each session, the first fork, one fresh start.
@@ -110,22 +111,24 @@ def main():
         }
         base = rows["fresh"][0]
         for mode, (eps, med) in rows.items():
-            print(f"{name:8s} {mode:8s} {eps:9.1f} {med * 1000:10.1f} {eps / base:8.1f}")
+            print(f"{name:8s} {mode:14s} {eps:9.1f} {med * 1000:10.1f} {eps / base:8.1f}")
             if mode != "fresh":
                 figures[f"{name}_{mode}_x"] = eps / base
             figures[f"{name}_{mode}_ms"] = med * 1000
-        _, med = timed(run_cell, [make(i) for i in range(300, 300 + args.calls)],
-                       [want(i) for i in range(300, 300 + args.calls)], n, think=0.05)
-        figures[f"{name}_think_ms"] = med * 1000
-        figures[f"{name}_think_x"] = rows["fresh"][1] / med
-        print(f"{name:8s} {'think':8s} {'':9s} {med * 1000:10.1f} {figures[f'{name}_think_x']:8.1f}"
-              "   (session cell after 50 ms of generation; ratio of median latencies)")
+        for mode, call, first in (("fork", run_fork, 300), ("session", run_cell, 400)):
+            _, med = timed(call, [make(i) for i in range(first, first + args.calls)],
+                           [want(i) for i in range(first, first + args.calls)], n, think=0.05)
+            figures[f"{name}_{mode}_think_ms"] = med * 1000
+            figures[f"{name}_{mode}_think_x"] = rows["fresh"][1] / med
+            print(f"{name:8s} {mode + '+think':14s} {'':9s} {med * 1000:10.1f} {figures[f'{name}_{mode}_think_x']:8.1f}"
+                  "   (after 50 ms of generation; ratio of median latencies)")
     for s in sessions:
         s.close()
     sb.close()
     keys = ["numpy_fork_x", "sympy_fork_x", "sympy_session_x", "trivial_fork_x", "numpy_session_x",
             "trivial_fresh_ms", "numpy_fresh_ms", "sympy_fresh_ms", "numpy_fork_ms", "sympy_fork_ms", "sympy_session_ms",
-            "trivial_think_ms", "sympy_think_ms", "numpy_think_x", "sympy_think_x"]
+            "trivial_fork_think_ms", "numpy_fork_think_ms", "sympy_fork_think_ms", "numpy_fork_think_x", "sympy_fork_think_x",
+            "trivial_session_think_ms", "sympy_session_think_ms", "numpy_session_think_x", "sympy_session_think_x"]
     print("bench: sandbox " + " ".join(f"{k}={figures[k]:.1f}" for k in keys))
 
 

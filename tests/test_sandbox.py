@@ -54,13 +54,23 @@ def live_descendants() -> int:
     return n
 
 
-def settles_to(expected: int) -> bool:
-    """The sandbox replies as soon as leftovers are SIGKILLed; their teardown may take a few ms more."""
-    for _ in range(500):
-        if live_descendants() == expected:
-            return True
+def settled_count(expected: int | None = None, timeout_s: float = 5.0) -> int:
+    """The number of live processes below us once it has held still for 0.1 s (and equals
+    `expected`, if given), or the last count after timeout_s. Transients are expected: SIGKILLed
+    processes take a few ms to go, and the sandbox forks its next child right after answering."""
+    last, same, deadline = None, 0, time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        n = live_descendants()
+        same = same + 1 if n == last else 0
+        last = n
+        if same >= 10 and expected in (None, n):
+            break
         time.sleep(0.01)
-    return False
+    return last
+
+
+def settles_to(expected: int) -> bool:
+    return settled_count(expected) == expected
 
 
 def processes_with(marker: str) -> list:
@@ -120,7 +130,7 @@ def bare():
 @pytest.fixture
 def contained(victim):
     """After the test: no process left below us, no escapee anywhere, the victim folder unchanged."""
-    before, files = live_descendants(), snapshot(victim)
+    before, files = settled_count(), snapshot(victim)
     yield
     assert settles_to(before), f"{live_descendants()} processes below the test, expected {before}"
     assert processes_with("1000.123") == [] and processes_with("1000.456") == []
@@ -378,7 +388,7 @@ def test_session_keep_partial_effects(sb, contained):
 
 
 def test_sessions_are_isolated_and_close_cleanly(sb, victim):
-    before = live_descendants()
+    before = settled_count()
     a, b = sb.session(), sb.session()
     expect(a.run("secret_a = 'alpha'"), "none")
     expect(b.run("print('secret_a' in globals())"), "none", "False")
@@ -408,7 +418,7 @@ def test_session_crash_of_its_own_holder(sb, contained):
 def test_session_cells_that_meddle_with_the_control_socket(sb, contained):
     # Session processes talk to the zygote over fd 3, which the cell can reach. A fork of a cell
     # posing as the next runner is ignored; a cell that closes the socket loses only its own state.
-    before = live_descendants()
+    before = settled_count()
     with sb.session() as s:
         expect(s.run("x = 1"), "none")
         pose = ("import os, socket\nctl = socket.socket(fileno=os.dup(3))\nfor _ in range(3):\n"
