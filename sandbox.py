@@ -13,10 +13,13 @@ How it works
 - One zygote per slot: a clean `python -s -P sandbox.py --zygote`, started with subprocess (never by
   forking the trainer, which may hold torch threads), that has imported numpy and sympy with one
   BLAS thread and run a short warm-up. It speaks length-prefixed JSON over its stdin/stdout.
-- `run(code)` (stateless): the zygote forks a child, the child drops privileges and exec()s the
-  code in a fresh namespace. The zygote drains stdout/stderr (keeping head and tail), enforces the
-  wall-clock timeout and the output-flood limit with SIGKILL, then kills whatever the code left
-  running and wipes the scratch dir. Time spent waiting for a free slot does not count.
+- `run(code)` (stateless): the code runs in a fresh namespace in a child of the zygote, forked
+  ahead of time (the spare): it has dropped privileges, set up its streams and copied ahead the
+  pages a typical run writes (learnt once by a probe run), and waits for the code. The zygote
+  drains stdout/stderr (keeping head and tail), enforces the wall-clock timeout and the
+  output-flood limit with SIGKILL, then kills whatever the code left running, wipes the scratch
+  dir, answers, and forks the next spare while the model generates. Time spent waiting for a free
+  slot does not count.
 - `session()` (stateful, like a Jupyter kernel): the zygote forks a holder process that keeps the
   namespace; it is the checkpoint. Ahead of each cell the holder forks a runner that gets ready
   (its output pipes, streams and process group) and waits for the cell, so neither a fork nor any
@@ -25,7 +28,9 @@ How it works
   failed, timed-out or crashed cell leaves the state as it was. Every page a cell writes is copied
   first (copy-on-write): for a sympy solve that costs as much as the solve. So each runner lists
   the pages its cell wrote, and the next one copies them in bulk while the model generates
-  (`_copy_ahead`). All of this happens after the cell's answer is sent.
+  (`_copy_ahead`). All of this happens after the cell's answer is sent. Waiting session processes
+  run at nice 10 and a cell at 0 (when the zygote may lower a nice value), so the preparation of
+  one session yields to the cells of others.
   `session(rollback=False)` keeps what a cell did before it raised (Jupyter-style); a timeout or a
   crash still rolls back, since the process that held those effects is gone. Idle holders stop
   themselves, so threads of idle sessions do not run. Session cells are named `<cell N>` in
@@ -679,6 +684,7 @@ class _Zygote:
     dying: dict = field(default_factory=dict)  # pid -> start time: SIGKILLed, maybe still tearing down
     after: object = None  # work left once the response is written (settling a cell, forking the spare)
     spare: "_Spare | None" = None
+    hot: list = field(default_factory=list)  # [(address, length)]: what a stateless run writes, copied ahead
 
 
 class _Capture:
@@ -733,6 +739,7 @@ def _zygote_main() -> None:
     _make_scratch(z.scratch, uid)
     _preload()
     gc.freeze()  # forks never walk (and so never copy) the preloaded heap in their collections
+    z.hot = _learn_hot_pages()
     z.spare = _fork_spare(z)
     _write_frame(resp_fd, {"ready": True, "layers": layers, "pid": os.getpid()})
     try:
@@ -796,6 +803,38 @@ def _preload() -> None:
     numpy.linalg.solve(numpy.eye(3), numpy.ones(3))
     numpy.linalg.eigvals(numpy.eye(3)), numpy.fft.fft(numpy.ones(4)), numpy.random.default_rng(0).random(3)
     str(numpy.arange(6).reshape(2, 3))
+
+
+PROBE_CODE = ("import sympy as sp, numpy as np\nx = sp.Symbol('x')\n"
+              "print(sp.solve(x**2 - 7*x + 12, x), int(np.arange(10).sum()), np.linalg.norm(np.ones(4)))\n")
+
+
+def _learn_hot_pages() -> list:
+    """The pages a typical stateless run writes, for the spare children to copy ahead (see
+    "copy-on-write ahead of a cell"): a child runs PROBE_CODE the way a run would and lists them."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, 1)
+            os.dup2(null, 2)
+            _std_streams()
+            _exec_code(PROBE_CODE, _fresh_main(), "<cell>", echo=False, res_fd=null)
+            data = json.dumps(_written_pages()).encode()
+            with open(w, "wb") as f:
+                f.write(data)
+        finally:
+            os._exit(0)
+    os.close(w)
+    with open(r, "rb") as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    try:
+        return [(int(a), int(n)) for a, n in json.loads(data)]
+    except (ValueError, TypeError):
+        return []
 
 
 def _setpriority(pid: int, nice: int) -> None:
@@ -949,9 +988,12 @@ def _fork_spare(z: _Zygote) -> _Spare:
                 os.dup2(fd, i)
             os.closerange(5, 1 << 16)  # the zygote's pipes and the other slots' fds are not the code's
             _enter_sandbox(z, z.uid, z.scratch)
+            if z.renice:  # set back to 0 when the code arrives
+                os.setpriority(os.PRIO_PROCESS, 0, BACKGROUND_NICE)
             _std_streams()
             ns = _fresh_main()
             ctl = socket.socket(fileno=4)
+            _copy_ahead(z.hot, ctl)
             msg, fds, _, _ = socket.recv_fds(ctl, 16, 1)
             if msg != b"run" or len(fds) != 1:
                 os._exit(0)  # the zygote let us go
@@ -992,6 +1034,8 @@ def _run_stateless(z: _Zygote, req: dict) -> dict:
     state = None
     try:
         try:
+            if z.renice:
+                _setpriority(pid, 0)
             socket.send_fds(spare.ctl, [b"run"], [payload])
         except OSError:
             pass  # it died: _supervise sees it through the pidfd
@@ -1001,6 +1045,8 @@ def _run_stateless(z: _Zygote, req: dict) -> dict:
         state = _supervise(z, out_r, err_r, res_r, t0 + req["timeout"], pidfd)
     finally:
         os.close(pidfd)
+        if z.renice:
+            _setpriority(pid, BACKGROUND_NICE)  # its teardown (milliseconds) yields to other slots' code
         _killpg(pid)  # the child leads its own session: one atomic kill takes a fork bomb down with it
         if state is not None and state["reason"] == "exited":
             state["status"] = os.waitpid(pid, 0)[1]  # already dead: its status tells how
@@ -1412,9 +1458,10 @@ def _runner(ctl: socket.socket, ns: dict, holder: int, user_hup, written: list, 
     return signal.signal(signal.SIGHUP, signal.SIG_IGN), req["nice"]
 
 
-def _arm(z: _Zygote, h: _Holder, deadline: float) -> bool:
+def _arm(z: _Zygote, h: _Holder, deadline: float) -> bool | None:
     """Give the holder the next cell's pipes and wait for the runner it forks: reported by the
-    holder, checked in /proc to be its child, and watched through a pidfd from then on."""
+    holder, checked in /proc to be its child, and watched through a pidfd from then on.
+    True when ready, False when every process of the session is gone, None at the deadline."""
     h.drop_runner()
     # Whatever the session said before this point is stale (a cell's fork may have posed as a
     # runner before the sweep killed it), and the runner is reported only after "go".
@@ -1448,7 +1495,7 @@ def _arm(z: _Zygote, h: _Holder, deadline: float) -> bool:
             return True
         wait = deadline - time.monotonic()
         if wait <= 0:
-            return False
+            return None
         if not select.select([h.ctl], [], [], min(wait, 0.05))[0]:
             _signal(h.pid, signal.SIGCONT)  # a holder that stopped itself just after our last SIGCONT
 
@@ -1460,22 +1507,29 @@ def _runner_ready(h: _Holder) -> bool:
 def _run_cell(z: _Zygote, req: dict) -> dict:
     h, note, lost = z.sessions.get(req["sid"]), None, False
     t0 = time.monotonic()
-    if h is not None and not _holder_alive(z, h):
-        _close_holder(z, req["sid"])
-        h, note = None, "the session's process had died and its state was lost; this cell ran in an empty namespace"
-    if h is None:
-        h = z.sessions[req["sid"]] = _open_holder(z, req["sid"], req["uid"], req["rollback"])
-    h.cells += 1
-    if not _runner_ready(h):  # a new session, or the runner could not be made ready in time
-        if h.pidfd is not None:  # it died: its holder reports that, then waits for "go"
-            _signal(h.pid, signal.SIGCONT)
-        if not _arm(z, h, t0 + req["timeout"]):  # earlier cells broke the holder: do not let it hang every cell
+    for _ in range(2):
+        if h is not None and not _holder_alive(z, h):
             _close_holder(z, req["sid"])
-            state = _new_state(z)
-            state.update(reason="timeout", duration=time.monotonic() - t0)
-            resp = _verdict(z, state)
-            resp["note"] = "the session's process stopped responding; its state was lost and the next cell starts from an empty namespace"
-            return resp
+            h, note = None, "the session's process had died and its state was lost; this cell ran in an empty namespace"
+        if h is None:
+            h = z.sessions[req["sid"]] = _open_holder(z, req["sid"], req["uid"], req["rollback"])
+        ready = _runner_ready(h)
+        if not ready:  # a new session, or the runner could not be made ready in time
+            if h.pidfd is not None:  # it died: its holder reports that, then waits for "go"
+                _signal(h.pid, signal.SIGCONT)
+            ready = _arm(z, h, t0 + req["timeout"])
+        if ready is not False:
+            break
+        _close_holder(z, req["sid"])  # gone, though one of its processes was still exiting when we looked
+        h, note = None, "the session's process had died and its state was lost; this cell ran in an empty namespace"
+    if not ready:  # earlier cells broke the holder (do not let it hang every cell), or a new one died at once
+        _close_holder(z, req["sid"])
+        state = _new_state(z)
+        state.update(reason="timeout", duration=time.monotonic() - t0)
+        resp = _verdict(z, state)
+        resp["note"] = "the session's process stopped responding; its state was lost and the next cell starts from an empty namespace"
+        return resp
+    h.cells += 1
     runner, pidfd, (out_r, err_r, res_r) = h.runner, h.pidfd, h.pipes
     h.runner = h.pidfd = h.pipes = None
     payload = os.memfd_create("cell")
@@ -1573,7 +1627,8 @@ def _close_holder(z: _Zygote, sid: int) -> dict:
 # pages a cell writes are mostly the same from one cell to the next (interpreter state, caches,
 # reference counts of the library objects it uses). So a runner that just ran a cell lists the
 # pages it wrote, and its own runner copies them in bulk while it waits for the next cell, which
-# in a rollout is while the model generates. The list is made after every cell (2-3 ms, after the
+# in a rollout is while the model generates. (A stateless spare copies, the same way, the pages a
+# probe run of PROBE_CODE wrote.) The list is made after every cell (2-3 ms, after the
 # answer): it holds the pages copied ahead too, so it grows slowly towards the set the session's
 # cells keep writing (1,300 to 1,700 pages over 40 sympy solves), capped at COPY_AHEAD_MAX_PAGES.
 # Listing only after cells that faulted a lot let it go stale: 140 faults a cell instead of 55.
