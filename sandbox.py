@@ -1112,45 +1112,36 @@ def _supervise(z: _Zygote, out_r: int, err_r: int, res_r: int, deadline: float, 
                         state["written"] = True
                     elif kind == "eof":
                         poller.unregister(fd)
-            elif not _pump(z, fd, out_r, err_r, res_r, state):
+            elif _pump(fd, out_r, err_r, res_r, state) is None:
                 poller.unregister(fd)
-            if state["reason"] is None and _frame_complete(state["res"]) is not None:
-                state["reason"] = "result"
+            if state["reason"] is None and fd == res_r and (frame := _frame_complete(state["res"])) is not None:
+                state["frame"], state["reason"] = frame, "result"
             if state["out"].total + state["err"].total > z.cfg["flood"]:
                 state["reason"] = "flood"
     return state
 
 
-def _pump(z: _Zygote, fd: int, out_r: int, err_r: int, res_r: int, state: dict) -> bool:
-    """Read what is there from one pipe; False at EOF."""
+def _pump(fd: int, out_r: int, err_r: int, res_r: int, state: dict) -> int | None:
+    """Read what is there from one pipe into the state: the bytes read, None at EOF."""
     try:
         data = os.read(fd, 1 << 16)
     except BlockingIOError:
-        return True
+        return 0
     if not data:
-        return False
+        return None
     if fd == res_r:
         if len(state["res"]) < (4 << 20):
             state["res"] += data
     else:
         state["out" if fd == out_r else "err"].add(data)
-    return True
+    return len(data)
 
 
 def _drain(z: _Zygote, state: dict, out_r: int, err_r: int, res_r: int) -> None:
     """After the code is gone: collect what is still buffered in the pipes, without blocking."""
     for fd in (out_r, err_r, res_r):
-        while state["out"].total + state["err"].total <= z.cfg["flood"]:
-            try:
-                data = os.read(fd, 1 << 16)
-            except BlockingIOError:
-                break
-            if not data:
-                break
-            if fd == res_r:
-                state["res"] += data
-            else:
-                state["out" if fd == out_r else "err"].add(data)
+        while state["out"].total + state["err"].total <= z.cfg["flood"] and _pump(fd, out_r, err_r, res_r, state):
+            pass
 
 
 def _frame_complete(buf: bytearray) -> dict | None:
@@ -1204,15 +1195,17 @@ def _verdict(z: _Zygote, state: dict) -> dict:
     stdout, cut_out = state["out"].render()
     stderr, cut_err = state["err"].render()
     resp = {"stdout": stdout, "stderr": stderr, "cut": cut_out + cut_err, "duration": round(state["duration"], 6)}
-    frame = _frame_complete(state["res"])
+    frame = state.get("frame") or _frame_complete(state["res"])  # it may have come in with _drain
     status = state["status"]
     if state["reason"] == "flood":
         resp["kind"] = "output_limit"
     elif state["reason"] == "timeout":
         resp["kind"] = "timeout"
     elif frame is not None and frame.get("kind") in ("none", "exception", "syntax", "memory", "sandbox_internal"):
-        resp.update({k: frame[k] for k in ("kind", "exception_type", "traceback", "error_line", "line", "message", "detail") if k in frame})
-        resp = {k: v for k, v in resp.items() if isinstance(v, (str, int, float)) or v is None}  # the frame is the code's
+        # The frame comes from the code's process, so it may be forged: keep plain values, cut long text.
+        resp.update({k: _cut(v, z.cfg["keep"]) if isinstance(v, str) else v for k, v in frame.items()
+                     if k in ("kind", "exception_type", "traceback", "error_line", "line", "message", "detail")})
+        resp = {k: v for k, v in resp.items() if isinstance(v, (str, int, float)) or v is None}
     elif status is not None and os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGXCPU:
         resp["kind"] = "timeout"  # the CPU rlimit fired before the wall clock
     elif status is not None and os.WIFSIGNALED(status):
@@ -1225,6 +1218,12 @@ def _verdict(z: _Zygote, state: dict) -> dict:
     else:
         resp.update(kind="crash", detail="the process died before the code finished")
     return resp
+
+
+def _cut(text: str, keep: int) -> str:
+    if len(text) <= keep:
+        return text
+    return f"{text[:keep // 2]}\n... [{len(text) - keep} chars cut] ...\n{text[len(text) - keep // 2:]}"
 
 
 def _reap(z: _Zygote) -> bool:
@@ -1548,7 +1547,7 @@ def _run_cell(z: _Zygote, req: dict) -> dict:
     finally:
         state = state or dict(_new_state(z), reason="exited")
         state["duration"] = time.monotonic() - t0
-        frame = _frame_complete(state["res"]) if state["reason"] == "result" else None
+        frame = state.get("frame")
         good = frame is not None and (frame.get("kind") == "none" or (not h.rollback and frame.get("kind") == "exception"))
         # Alive, the runner is still ours: the holder's child, or the zygote's if the holder died.
         ours, holder_alive = not select.select([pidfd], [], [], 0)[0], _holder_alive(z, h)

@@ -198,6 +198,16 @@ def test_output_flood(sb, contained):
     assert len(r.text) < 2 * sb.max_output_bytes + 1000
 
 
+def test_a_forged_result_frame_is_cut(sb, contained):
+    # The result frame comes from the code's own process (fd 3), so code can write one itself.
+    code = ("import os, json, struct\nd = json.dumps({'kind': 'exception', 'exception_type': 'E',"
+            " 'traceback': 'x' * 1_000_000, 'error_line': 'E: forged'}).encode()\n"
+            "os.write(3, struct.pack('>I', len(d)) + d)\nos._exit(0)")
+    r = sb.run(code)
+    expect(r, "exception", "chars cut]")
+    assert len(r.text) < 2 * sb.max_output_bytes + 1000 and r.error_line == "E: forged"
+
+
 def test_large_output_is_not_a_timeout(sb, contained):
     # More than a pipe buffer: if nobody drained it the child would block until the timeout.
     r = sb.run("print('y' * 300_000)\nfor i in range(20_000):\n    print(i)\nprint('end')", timeout_s=10)
