@@ -319,9 +319,13 @@ class Sandbox:
     def _close_session(self, w: _Worker, sid: int, uid: int | None) -> None:
         self._request(w, {"op": "close", "sid": sid}, 0.0)
         with self._cond:
-            w.n_sessions -= 1
-            if uid is not None:
-                self._free_uids.append(uid)
+            self._forget_session(w, uid)
+
+    def _forget_session(self, w: _Worker, uid: int | None) -> None:
+        """With self._cond held: the worker has one session less, and its uid is free again."""
+        w.n_sessions -= 1
+        if uid is not None:
+            self._free_uids.append(uid)
 
     def _spawn(self, w: _Worker) -> None:
         argv = (self._bwrap or []) + [sys.executable, "-I", "-B", THIS_FILE, "--zygote"]
@@ -463,9 +467,7 @@ def _end_session(sb: Sandbox, index: int, sid: int, uid: int | None, opened: lis
         if sb._closed:
             return
         if not opened[0]:  # never ran a cell: nothing exists in the zygote
-            w.n_sessions -= 1
-            if uid is not None:
-                sb._free_uids.append(uid)
+            sb._forget_session(w, uid)
             return
         if w.busy or queue_only:
             w.pending_closes.append((sid, uid))  # done by whoever releases the worker next
@@ -673,8 +675,6 @@ class _ParentGone(Exception):
 class _Zygote:
     cfg: dict
     req_fd: int
-    resp_fd: int
-    layers: list
     uid: int | None  # None when running without uid separation
     scratch: str  # the stateless scratch dir
     seccomp: bytes | None
@@ -735,13 +735,13 @@ def _zygote_main() -> None:
         layers.append("uid")
     layers += ["rlimits", "clean_env", "subreaper"]
     os.makedirs(cfg["root"], mode=0o711, exist_ok=True)
-    z = _Zygote(cfg, req_fd, resp_fd, layers, uid, os.path.join(cfg["root"], "run"), seccomp, _can_renice())
+    z = _Zygote(cfg, req_fd, uid, os.path.join(cfg["root"], "run"), seccomp, _can_renice())
     _make_scratch(z.scratch, uid)
     _preload()
     gc.freeze()  # forks never walk (and so never copy) the preloaded heap in their collections
     z.hot = _learn_hot_pages()
     z.spare = _fork_spare(z)
-    _write_frame(resp_fd, {"ready": True, "layers": layers, "pid": os.getpid()})
+    _write_frame(resp_fd, {"layers": layers})
     try:
         while True:
             try:
