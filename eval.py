@@ -25,11 +25,12 @@ Per-record JSONL schema (one line per sampled response):
 prints the same tables.
 
 Data: AIME from JSONL (data/problems.py; ../shared/data or data/download.py). GPQA-Diamond from a
-file the user provides (official CSV, hub parquet, or the password-protected dataset.zip): its
-authors ask that the questions never appear in plain text online, so they are never logged, and
-tests use synthetic look-alikes. The four choices are shuffled per question with a fixed seed, since
-the correct one comes first in the source. LiveCodeBench from a directory of its release
-`test*.jsonl` files, kept to a contest-date window (v6 in the paper: 2025-02 to 2025-05).
+file the user provides (official CSV, hub parquet, the password-protected dataset.zip, or the JSONL
+data/download.py writes): its authors ask that the questions never appear in plain text online, so
+they are never logged, and tests use synthetic look-alikes. The four choices are shuffled per
+question with a fixed seed, since the correct one comes first in the source. LiveCodeBench from a
+directory of its release `test*.jsonl` files, kept to a contest-date window (v6 in the paper:
+2025-02 to 2025-05). Both are converted by data/benchmarks.py, as data/download.py converts them.
 
 Departures: the official code reads preformatted parquet files (Open-AgentRL-Eval) and grades math
 with verl's math_dapo string normaliser; we read the public sources and grade with math-verify (see
@@ -39,22 +40,16 @@ reward.py). The response budget defaults to the paper's 20480 tokens on a GPU bu
 
 from __future__ import annotations
 
-import base64
-import csv
-import io
 import json
 import math
-import pickle
-import random
 import re
-import zipfile
-import zlib
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import reward
+from data.benchmarks import gpqa_problem, lcb_in_window, lcb_problem, read_gpqa_rows
 from data.problems import FILES, DataError, Problem, default_data_dir, load_jsonl
 
 REPO_ROOT = Path(__file__).resolve().parent
@@ -168,145 +163,28 @@ def load_aime(name: str, data_dir: str = "", limit: int = 0) -> list[Problem]:
     return problems
 
 
-def _gpqa_rows(path: Path, password: str) -> list[dict]:
-    """Rows of the GPQA file as dicts of column -> value (never printed: see module docstring)."""
-    suffix = path.suffix.lower()
-    if suffix == ".csv":
-        with open(path, newline="", encoding="utf-8") as f:
-            return list(csv.DictReader(f))
-    if suffix == ".zip":
-        with zipfile.ZipFile(path) as zf:
-            names = [n for n in zf.namelist() if n.endswith("gpqa_diamond.csv")]
-            if not names:
-                raise EvalError(f"{path}: no gpqa_diamond.csv inside the zip")
-            try:
-                data = zf.read(names[0], pwd=password.encode())
-            except RuntimeError as e:  # zipfile's "Bad password for file"
-                raise EvalError(f"{path}: cannot decrypt {names[0]} ({e}); check --gpqa-zip-password") from None
-            except NotImplementedError as e:
-                raise EvalError(f"{path}: {e}; unzip it yourself and pass the CSV") from None
-        return list(csv.DictReader(io.StringIO(data.decode("utf-8"))))
-    if suffix == ".parquet":
-        try:
-            import pyarrow.parquet as pq
-        except ImportError:
-            raise EvalError(f"{path}: reading parquet needs pyarrow (`pip install pyarrow`); "
-                            "or pass the official CSV or dataset.zip") from None
-        return pq.read_table(path).to_pylist()
-    raise EvalError(f"{path}: unknown GPQA file type {suffix!r}; expected .csv, .parquet or .zip")
-
-
 def load_gpqa(path: str, seed: int = 0, limit: int = 0, password: str = "deserted-untie-orchid") -> list[Problem]:
-    """GPQA-Diamond with the choices of each question shuffled by Random(f"{seed}:{record id}")."""
+    """GPQA-Diamond with the choices of each question shuffled by Random(f"{seed}:{record id}")
+    (data/benchmarks.py)."""
     if not path:
         raise EvalError("the gpqa benchmark needs --gpqa-path: the official gpqa_diamond.csv, the hub parquet, "
                         "or GPQA's password-protected dataset.zip (it is not bundled: its authors ask that "
                         "the questions not be redistributed)")
-    p = Path(path)
-    if not p.is_file():
-        raise EvalError(f"GPQA file not found: {p}")
-    rows = _gpqa_rows(p, password)
+    try:
+        rows = read_gpqa_rows(path, password)
+    except (FileNotFoundError, DataError) as e:
+        raise EvalError(str(e).replace("the zip password", "--gpqa-zip-password")) from None
     if not rows:
-        raise EvalError(f"{p}: no rows")
+        raise EvalError(f"{path}: no rows")
     problems = []
     for i, row in enumerate(rows, start=1):
-        where = f"{p}: row {i}"
-        pid = str(row.get("Record ID") or row.get("id") or f"gpqa-{i}")
-        if "Question" in row:
-            cols = ["Question", "Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3"]
-            for c in cols:
-                if not isinstance(row.get(c), str) or not row[c].strip():
-                    raise EvalError(f"{where}: missing or empty column {c!r}")
-            choices = [row[c].strip() for c in cols[1:]]  # correct first, as in the source
-            order = list(range(4))
-            random.Random(f"{seed}:{pid}").shuffle(order)
-            gold = "ABCD"[order.index(0)]
-            text = row["Question"].strip() + "\n\n" + "\n".join(
-                f"{letter}) {choices[j]}" for letter, j in zip("ABCD", order))
-        elif "problem" in row and "solution" in row:  # preformatted (choices in the text, letter answer)
-            gold = str(row["solution"]).strip().upper()
-            if gold not in ("A", "B", "C", "D"):
-                raise EvalError(f"{where}: column 'solution' must be a letter A-D")
-            text = str(row["problem"])
-        else:
-            raise EvalError(f"{where}: expected the official columns ('Question', 'Correct Answer', "
-                            f"'Incorrect Answer 1'..'3') or 'problem' + 'solution'; got {sorted(row)[:8]}")
-        problems.append(Problem(id=pid, problem=text, answer=gold, task="gpqa",
-                                meta={"benchmark": "gpqa", "domain": row.get("High-level domain") or row.get("domain")}))
+        try:
+            problems.append(gpqa_problem(row, seed, index=i))
+        except DataError as e:
+            raise EvalError(f"{path}: row {i}: {e}") from None
         if limit and len(problems) >= limit:
             break
     return problems
-
-
-class _PlainUnpickler(pickle.Unpickler):
-    """Unpickles only plain data (str, bytes, numbers, lists, tuples, dicts, sets): any global
-    (a class or function, which is how a pickle runs code) is refused."""
-
-    def find_class(self, module, name):
-        if module == "builtins" and name in ("set", "frozenset"):
-            return {"set": set, "frozenset": frozenset}[name]
-        raise pickle.UnpicklingError(f"refusing to unpickle global {module}.{name}: only plain containers are allowed")
-
-
-def decode_lcb_tests(field: str | list) -> list[dict]:
-    """LiveCodeBench test cases: a JSON list, or (private tests) base64 of zlib of a pickled JSON string."""
-    if isinstance(field, list):
-        return field
-    try:
-        return json.loads(field)
-    except json.JSONDecodeError:
-        pass
-    try:
-        raw = zlib.decompress(base64.b64decode(field.encode("utf-8"), validate=False))
-    except (ValueError, zlib.error) as e:
-        raise EvalError(f"test cases are neither JSON nor base64+zlib ({e})") from None
-    try:
-        obj = _PlainUnpickler(io.BytesIO(raw)).load()
-    except pickle.UnpicklingError as e:
-        raise EvalError(f"private test cases: {e}") from None
-    except Exception as e:
-        raise EvalError(f"private test cases: not a readable pickle ({type(e).__name__}: {e})") from None
-    if isinstance(obj, (bytes, str)):
-        obj = json.loads(obj)
-    if not isinstance(obj, list):
-        raise EvalError(f"private test cases: expected a list, got {type(obj).__name__}")
-    return obj
-
-
-def _lcb_problem(row: dict, where: str) -> Problem:
-    for key in ("question_id", "question_content", "contest_date", "public_test_cases", "private_test_cases"):
-        if key not in row:
-            raise EvalError(f"{where}: missing field {key!r}")
-    try:
-        cases = decode_lcb_tests(row["public_test_cases"]) + decode_lcb_tests(row["private_test_cases"])
-    except (EvalError, json.JSONDecodeError) as e:
-        raise EvalError(f"{where}: {e}") from None
-    if not cases:
-        raise EvalError(f"{where}: no test cases")
-    kinds = {c.get("testtype", "stdin") if isinstance(c, dict) else None for c in cases}
-    for i, c in enumerate(cases):
-        if not isinstance(c, dict) or not isinstance(c.get("input"), str) or not isinstance(c.get("output"), str):
-            raise EvalError(f"{where}: test case {i} must have string 'input' and 'output'")
-    cases = [{"input": c["input"], "output": c["output"]} for c in cases]
-    meta = row.get("metadata") or "{}"
-    meta = json.loads(meta) if isinstance(meta, str) else meta
-    starter = (row.get("starter_code") or "").strip()
-    if kinds == {"functional"}:
-        func = meta.get("func_name")
-        if not func:
-            raise EvalError(f"{where}: functional problem without metadata.func_name")
-        tests = {"call": func, "cases": cases}
-        text = (row["question_content"].rstrip() + "\n\nComplete this starter code (a `Solution` method), "
-                f"in a final ```python block:\n```python\n{starter}\n```")
-    elif kinds == {"stdin"}:
-        tests = cases
-        text = (row["question_content"].rstrip() + "\n\nRead the input from stdin and write the answer to "
-                "stdout. Give the whole program in a final ```python block.")
-    else:
-        raise EvalError(f"{where}: test types {sorted(map(str, kinds))}; expected all 'stdin' or all 'functional'")
-    return Problem(id=str(row["question_id"]), problem=text, answer=None, task="code", tests=tests,
-                   meta={"benchmark": "lcb", "platform": row.get("platform"), "difficulty": row.get("difficulty"),
-                         "contest_date": row["contest_date"], "starter_code": starter})
 
 
 def load_lcb(lcb_dir: str, start: str = "2025-02", end: str = "2025-05", limit: int = 0,
@@ -320,8 +198,8 @@ def load_lcb(lcb_dir: str, start: str = "2025-02", end: str = "2025-05", limit: 
     if not files:
         raise EvalError(f"no LiveCodeBench test*.jsonl files in {d}")
     for m in (start, end):
-        if not re.fullmatch(r"\d{4}-\d{2}", m):
-            raise EvalError(f"LiveCodeBench window months must look like 2025-02, got {m!r}")
+        if not re.fullmatch(r"\d{4}-\d{2}(-\d{2})?", m):
+            raise EvalError(f"LiveCodeBench window bounds must look like 2025-02 or 2025-02-15, got {m!r}")
     problems, seen = [], set()
     for path in files:
         for where, row in _jsonl_rows(path):
@@ -331,9 +209,12 @@ def load_lcb(lcb_dir: str, start: str = "2025-02", end: str = "2025-05", limit: 
             if ids is not None:
                 if qid not in ids:
                     continue
-            elif not start <= str(row.get("contest_date", ""))[:7] <= end:
+            elif not lcb_in_window(row, start, end):
                 continue
-            problems.append(_lcb_problem(row, where))
+            try:
+                problems.append(lcb_problem(row))
+            except DataError as e:
+                raise EvalError(f"{where}: {e}") from None
             seen.add(qid)
             if limit and len(problems) >= limit:
                 return problems

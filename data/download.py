@@ -9,7 +9,8 @@ prompt templates (rollout.py owns prompts) and turn every kind of code test into
 test shapes of problems.py. LiveCodeBench v6: problems of release v6's file (test6.jsonl) with
 contest dates 2025-02..2025-05, the window eval.py uses; change with --lcb-files/--lcb-start/--lcb-end.
 The raw LiveCodeBench files are also copied to <out>/livecodebench/, the folder eval.py's --lcb-dir
-wants.
+wants. GPQA-Diamond and LiveCodeBench rows are converted by data/benchmarks.py, the converters eval.py
+uses, so ids, problem texts and gold letters are the same either way.
 
     python data/download.py --sets aime24,aime25,math --out DIR
     python data/download.py --sets gpqa --gpqa-file gpqa_diamond.csv --out DIR
@@ -27,23 +28,19 @@ text, and refuse to write the file inside this repository unless git ignores tha
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
-import pickle
-import random
 import shutil
 import subprocess
 import sys
 import warnings
-import zlib
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as `python data/download.py`: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from data.problems import FILES, REPO_ROOT, DataError, problem_from_row  # noqa: E402
-from eval import decode_lcb_tests  # noqa: E402  (one restricted unpickler for loading and converting)
+from data.benchmarks import gpqa_problem, lcb_in_window, lcb_problem, read_gpqa_rows  # noqa: E402
 
 # CLI set name -> load_named() name (and so the output file name)
 SETS = {
@@ -301,66 +298,41 @@ def convert_open_agentrl(rows: list[dict]) -> list[dict]:
     return out
 
 
+def _problem_row(p) -> dict:
+    """A Problem as a JSONL row data/problems.py reads back: id, problem, answer, tests, then its meta."""
+    row = {"id": p.id, "problem": p.problem, "answer": p.answer}
+    if p.tests is not None:
+        row["tests"] = p.tests
+    return {**row, **p.meta}
+
+
 def convert_livecodebench(rows: list[dict], start: str | None = None, end: str | None = None) -> list[dict]:
-    """code_generation_lite rows -> {id, problem, tests, ...}. Public + private tests are all kept.
-    LeetCode-style problems (metadata.func_name) get {"call": func_name, "cases": ...} with
-    LiveCodeBench's own input/output strings; stdin problems get input/output pairs. The starter
-    code, when there is one, is appended to the statement (the model must complete it).
-    start/end: inclusive bounds on the contest date, as YYYY-MM or YYYY-MM-DD."""
+    """code_generation_lite rows -> problem rows, as eval.py reads them (data/benchmarks.py): all
+    tests kept, LeetCode problems as {"call": func_name, "cases"}, the others as stdin/stdout pairs.
+    start/end: inclusive bounds on the contest date, as YYYY-MM or YYYY-MM-DD. Bad rows are skipped
+    with a warning naming them."""
     out, skipped = [], []
     for i, r in enumerate(rows):
-        date = str(r.get("contest_date", ""))[:10]
-        if (start and date[:len(start)] < start) or (end and date[:len(end)] > end):
+        if not lcb_in_window(r, start, end):
             continue
-        qid = r.get("question_id", i)
         try:
-            meta = _json_or_value(r.get("metadata") or "{}") or {}
-            cases = decode_lcb_tests(r["public_test_cases"]) + decode_lcb_tests(r["private_test_cases"])
-            if not cases:
-                raise ValueError("no test cases")
-            if meta.get("func_name"):
-                for c in cases:  # undecodable test data fails here, not at grading time
-                    _check_json_lines(c["input"])
-                    json.loads(c["output"])
-                tests = {"call": meta["func_name"], "cases": [{"input": c["input"], "output": c["output"]} for c in cases]}
-            else:
-                tests = [{"input": c["input"], "output": c["output"]} for c in cases]
-        except (KeyError, TypeError, ValueError, zlib.error, pickle.UnpicklingError) as e:
-            skipped.append(f"row {i} ({qid}): {e!r}")
-            continue
-        text = r["question_content"].strip()
-        starter = (r.get("starter_code") or "").strip()
-        if starter:
-            text += f"\n\nComplete this starter code:\n```python\n{starter}\n```"
-        out.append({"id": f"lcb-{qid}", "problem": text, "tests": tests, "title": r.get("question_title"),
-                    "platform": r.get("platform"), "difficulty": r.get("difficulty"), "contest_date": date,
-                    "starter_code": starter, "fn_name": meta.get("func_name")})
+            out.append(_problem_row(lcb_problem(r)))
+        except DataError as e:
+            skipped.append(f"row {i} ({r.get('question_id', '?')}): {e}")
     _warn_skipped("livecodebench", skipped)
     return out
 
 
 def convert_gpqa(rows: list[dict], seed: int = 0) -> list[dict]:
-    """GPQA rows (Question, Correct Answer, Incorrect Answer 1-3, Record ID, ...) -> {id, problem,
-    answer: letter, choices, domain, subdomain}. Choices are shuffled with an RNG keyed by
-    (seed, Record ID), so the letter is stable across runs. Messages never quote question text."""
+    """GPQA rows (Question, Correct Answer, Incorrect Answer 1-3, Record ID, ...) -> problem rows with
+    the choices shuffled and a gold letter, exactly as eval.py shuffles them (data/benchmarks.py).
+    Messages never quote question text."""
     out, skipped = [], []
-    for i, r in enumerate(rows):
-        rid = str(r.get("Record ID") or i)
+    for i, r in enumerate(rows, start=1):
         try:
-            right = str(r["Correct Answer"]).strip()
-            choices = [right] + [str(r[f"Incorrect Answer {k}"]).strip() for k in (1, 2, 3)]
-            question = str(r["Question"]).strip()
-        except KeyError as e:
-            skipped.append(f"row {i} (record {rid}): missing column {e}")
-            continue
-        if not question or not all(choices):
-            skipped.append(f"row {i} (record {rid}): empty question or choice")
-            continue
-        random.Random(f"gpqa:{seed}:{rid}").shuffle(choices)
-        letters = "ABCD"
-        body = "\n".join(f"({letters[k]}) {c}" for k, c in enumerate(choices))
-        out.append({"id": f"gpqa-{rid}", "problem": f"{question}\n\n{body}", "answer": letters[choices.index(right)],
-                    "choices": choices, "domain": r.get("High-level domain"), "subdomain": r.get("Subdomain")})
+            out.append(_problem_row(gpqa_problem(r, seed, index=i)))
+        except DataError as e:
+            skipped.append(f"row {i} (record {r.get('Record ID', '?')}): {e}")
     _warn_skipped("gpqa", skipped)
     return out
 
@@ -386,17 +358,6 @@ def _hub_file(repo: str, filename: str) -> Path:
 def _read_jsonl_rows(path: Path) -> list[dict]:
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
-
-
-def read_gpqa_file(path: str | Path) -> list[dict]:
-    """A GPQA CSV (the official release's columns) or JSONL with the same columns."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"GPQA file {path} not found")
-    if path.suffix == ".jsonl":
-        return _read_jsonl_rows(path)
-    with open(path, newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f))
 
 
 def _git_ignored(path: Path) -> bool:
@@ -462,7 +423,7 @@ def download(name: str, out_dir: str | Path, *, gpqa_file: str | None = None, lc
                 shutil.copyfile(f, raw_dir / f.name)
     else:  # gpqa
         check_gpqa_destination(path)
-        raw = read_gpqa_file(gpqa_file) if gpqa_file else read_gpqa_file(_hub_file(GPQA_REPO, GPQA_FILE))
+        raw = read_gpqa_rows(gpqa_file or _hub_file(GPQA_REPO, GPQA_FILE))
         rows = convert_gpqa(raw, seed=seed)
     if not rows:
         raise SystemExit(f"{name}: no usable rows after conversion; nothing written")

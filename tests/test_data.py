@@ -18,6 +18,7 @@ import pytest
 import sympy
 
 from data import download as dl  # the repo root is on sys.path via tests/conftest.py
+from data.benchmarks import decode_lcb_tests, gpqa_problem
 from reward import LEETCODE_PRELUDE
 from data.problems import (FILES, DataError, Problem, default_data_dir, load_jsonl,
                            load_named, problem_from_row)
@@ -463,9 +464,9 @@ def lcb_rows():
 
 def test_convert_livecodebench():
     out = dl.convert_livecodebench(lcb_rows(), start="2025-01-01")
-    assert [r["id"] for r in out] == ["lcb-abc999_a", "lcb-9999"]
+    assert [r["id"] for r in out] == ["abc999_a", "9999"]  # as eval.py names them (data/benchmarks.py)
     assert out[0]["tests"] == [{"input": "1 2\n", "output": "3\n"}, {"input": "10 20\n", "output": "30\n"}]
-    assert "```python\nclass Solution:" in out[1]["problem"] and out[1]["fn_name"] == "twoSum"
+    assert "```python\nclass Solution:" in out[1]["problem"] and out[1]["tests"]["call"] == "twoSum"
     tests = problem_from_row(out[1]).tests
     assert tests == {"call": "twoSum", "cases": [{"input": "[2,7,11,15]\n9", "output": "[0,1]"},
                                                  {"input": "[3,3]\n6", "output": "[0,1]"}]}
@@ -476,14 +477,17 @@ def test_convert_livecodebench():
     assert not passes_call_tests(sol.replace("(seen[target - x], i)", "[i, 0]"), tests)
     assert len(dl.convert_livecodebench(lcb_rows())) == 3
     # month bounds are inclusive: 2025-02-01 is in "..2025-02", 2025-03-01 is not
-    assert [r["id"] for r in dl.convert_livecodebench(lcb_rows(), start="2025-02", end="2025-02")] == ["lcb-abc999_a"]
+    assert [r["id"] for r in dl.convert_livecodebench(lcb_rows(), start="2025-02", end="2025-02")] == ["abc999_a"]
+    bad = dict(lcb_rows()[1], metadata="{}")  # functional tests without a function name: skipped, named
+    with pytest.warns(UserWarning, match=r"livecodebench: .*row 0 \(9999\): functional problem without"):
+        assert dl.convert_livecodebench([bad]) == []
 
 
 def test_lcb_decoder_refuses_non_string_pickles():
     evil = base64.b64encode(zlib.compress(pickle.dumps(print))).decode()  # any global lookup is refused
     with pytest.raises(ValueError, match="refusing"):
-        dl.decode_lcb_tests(evil)
-    assert dl.decode_lcb_tests(lcb_encode([{"input": "1", "output": "1"}])) == [{"input": "1", "output": "1"}]
+        decode_lcb_tests(evil)
+    assert decode_lcb_tests(lcb_encode([{"input": "1", "output": "1"}])) == [{"input": "1", "output": "1"}]
 
 
 def gpqa_rows(n=6):
@@ -498,12 +502,15 @@ def test_convert_gpqa():
     out = dl.convert_gpqa(gpqa_rows())
     assert out == dl.convert_gpqa(gpqa_rows())  # stable letters
     for i, r in enumerate(out):
-        assert r["choices"][" ABCD".index(r["answer"]) - 1] == f"right {i}"
-        assert f"({r['answer']}) right {i}\n" in r["problem"] + "\n"
-        assert sorted(r["choices"]) == sorted([f"right {i}", f"wrong {i}a", f"wrong {i}b", f"wrong {i}c"])
-        assert problem_from_row(r).task == "math"
+        assert f"\n{r['answer']}) right {i}\n" in r["problem"] + "\n"
+        choices = [line[3:] for line in r["problem"].split("\n\n")[1].split("\n")]
+        assert sorted(choices) == sorted([f"right {i}", f"wrong {i}a", f"wrong {i}b", f"wrong {i}c"])
+        assert problem_from_row(r).task == "math" and r["id"] == f"rec{i:03d}"
     assert len({r["answer"] for r in out}) > 1
     assert [r["answer"] for r in dl.convert_gpqa(gpqa_rows(), seed=1)] != [r["answer"] for r in out]
+    # one converter: the file download.py writes and the raw rows give eval.py the same problems
+    assert [(r["id"], r["problem"], r["answer"]) for r in out] == \
+        [(p.id, p.problem, p.answer) for p in (gpqa_problem(row, 0, i) for i, row in enumerate(gpqa_rows(), 1))]
 
 
 def test_download_offline_paths_write_loadable_files(tmp_path, capsys):
@@ -522,7 +529,7 @@ def test_download_offline_paths_write_loadable_files(tmp_path, capsys):
     lcb_dir.mkdir()
     (lcb_dir / "test6.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lcb_rows()))
     dl.download("livecodebench", out, lcb_dir=str(lcb_dir))  # default window 2025-02..2025-05
-    assert [p.id for p in load_named("livecodebench", data_dir=out)] == ["lcb-abc999_a", "lcb-9999"]
+    assert [p.id for p in load_named("livecodebench", data_dir=out)] == ["abc999_a", "9999"]
     assert (out / "livecodebench" / "test6.jsonl").read_text() == (lcb_dir / "test6.jsonl").read_text()
 
     with pytest.raises(SystemExit):

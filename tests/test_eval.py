@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import eval as ev
+from data.benchmarks import decode_lcb_tests
 
 # gpqa_synthetic.csv: eight made-up toy questions in the official GPQA CSV columns (no GPQA content).
 # gpqa_synthetic.zip: the same CSV as dataset/gpqa_diamond.csv, encrypted like GPQA's dataset.zip
@@ -194,7 +195,7 @@ def test_lcb_restricted_unpickler_refuses_code(tmp_path):
     assert not evil.flag.exists()
     # plain containers are fine, pickled directly or as a JSON string
     plain = base64.b64encode(zlib.compress(pickle.dumps([{"input": "1", "output": "1"}]))).decode()
-    assert ev.decode_lcb_tests(plain) == [{"input": "1", "output": "1"}]
+    assert decode_lcb_tests(plain) == [{"input": "1", "output": "1"}]
 
 
 def test_lcb_errors(tmp_path):
