@@ -50,7 +50,7 @@ from pathlib import Path
 
 import reward
 from data.benchmarks import gpqa_problem, lcb_in_window, lcb_problem, read_gpqa_rows
-from data.problems import FILES, DataError, Problem, default_data_dir, load_jsonl
+from data.problems import DataError, Problem, load_named
 
 REPO_ROOT = Path(__file__).resolve().parent
 
@@ -150,14 +150,10 @@ def samples_per_problem(args: Args, benchmark: str) -> int:
 # ---------------------------------------------------------------------------------------------------
 
 def load_aime(name: str, data_dir: str = "", limit: int = 0) -> list[Problem]:
-    path = Path(data_dir or default_data_dir()) / FILES[name]
-    if not path.is_file():
-        raise EvalError(f"{name}: {path} not found; pass --data-dir (the folder with {FILES[name]}) "
-                        f"or fetch it with `python data/download.py`")
     try:
-        problems = load_jsonl(path, task="math", limit=limit or None)
-    except DataError as e:
-        raise EvalError(str(e)) from None
+        problems = load_named(name, data_dir or None, limit=limit or None, task="math")
+    except (FileNotFoundError, DataError) as e:
+        raise EvalError(f"{name}: {e}") from None
     for p in problems:
         p.meta["benchmark"] = name
     return problems

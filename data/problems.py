@@ -219,8 +219,8 @@ def default_data_dir() -> Path:
 
 
 def load_named(name: str, data_dir: str | Path | None = None, limit: int | None = None,
-               on_error: str = "raise") -> list[Problem]:
-    """Load a set by name (a key of FILES) from data_dir (default: default_data_dir()).
+               on_error: str = "raise", task: str | None = None) -> list[Problem]:
+    """Load a set by name (a key of FILES) from data_dir (default: default_data_dir()); task as in load_jsonl.
 
     Note: math_train has two rows with an empty answer (multiple-choice MATH problems whose letter
     answer was lost upstream); load it with on_error="skip" to drop them with a warning.
@@ -233,4 +233,4 @@ def load_named(name: str, data_dir: str | Path | None = None, limit: int | None 
         raise FileNotFoundError(
             f"data set {name!r}: {path} not found. Point $CLEANER_DATA (or data_dir) at the folder that "
             f"holds {FILES[name]}, or fetch it with `python data/download.py --sets ... --out {d}`")
-    return load_jsonl(path, limit=limit, on_error=on_error)
+    return load_jsonl(path, task=task, limit=limit, on_error=on_error)
