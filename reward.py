@@ -606,8 +606,3 @@ def grade(problem_task: str, response: str, answer=None, tests=None, sandbox=Non
     if problem_task == "code":
         return grade_code(response, tests, sandbox=sandbox)
     raise ValueError(f"unknown task {problem_task!r}: expected 'math', 'gpqa' or 'code'")
-
-
-def reward(problem_task: str, response: str, answer=None, tests=None, sandbox=None) -> float:
-    """The paper's outcome reward: +1.0 if correct, else -1.0."""
-    return 1.0 if grade(problem_task, response, answer=answer, tests=tests, sandbox=sandbox) else -1.0

@@ -362,7 +362,7 @@ def main(args: Args):
             pen = overlong_penalty(len(tr.response_ids), args.max_response_tokens, args.overlong_buffer,
                                    args.overlong_penalty)
             correct.append(ok)
-            rewards.append((1.0 if ok else -1.0) + pen)
+            rewards.append((1.0 if ok else -1.0) + pen)  # the paper's outcome reward, +1/-1
         # group advantages over every rank's rollouts (groups never straddle ranks, but stats do)
         groups = [m["group"] for m in metas]
         if ddp:
