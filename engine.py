@@ -83,6 +83,11 @@ def check_params(p: SamplingParams) -> None:
         raise ValueError("SamplingParams.stop holds an empty string, which would stop at once")
 
 
+def check_score_start(ids: list[int], start: int) -> None:
+    if not 1 <= start <= len(ids):
+        raise ValueError(f"score(): start must be in [1, len(input_ids)={len(ids)}], got {start}")
+
+
 # --------------------------------------------------------------------------- HF backend
 
 @dataclass
@@ -167,8 +172,7 @@ class HFEngine:
 
     async def score(self, input_ids: list[int], start: int) -> list[float]:
         ids = self._check_ids(input_ids, "score")
-        if not 1 <= start <= len(ids):
-            raise ValueError(f"score(): start must be in [1, len(input_ids)={len(ids)}], got {start}")
+        check_score_start(ids, start)
         if start == len(ids):
             return []
         return await self._submit(_Req("score", ids, None, start, None, None))
@@ -320,7 +324,7 @@ class HFEngine:
         logits = self._forward(ids, pos, None, cache, 1)[:, -1].float()  # (1, V)
         self.stats["prefills"] += 1
         self.stats["prefix_hit_tokens"] += hit
-        self._prefix_store(r.ids, cache, 0)
+        self._prefix_put(tuple(r.ids), cache.layers, 0, slice(None, n))  # the prompt's KV
         tok, lp = self._sample(logits, [r])
         if self._append(r, int(tok[0]), float(lp[0])):
             return None
@@ -352,19 +356,12 @@ class HFEngine:
         self._last = toks.cpu()  # one device-to-host copy per step, not one per row
         keep = []
         for i, (r, tok, lp) in enumerate(zip(self._rows, self._last.tolist(), lps.tolist())):
-            if self._append(r, tok, lp):
-                self._store_finished(i, r)
+            if self._append(r, tok, lp):  # finished: keep its KV (the decode slab is right-aligned)
+                self._prefix_put(tuple(r.ids + r.out[:-1]), self._cache.layers, i, slice(-int(self._lens[i]), None))
             else:
                 keep.append(i)
         if len(keep) < B:
             self._select(keep)
-
-    def _store_finished(self, i: int, r: _Req):
-        if self.prefix_cache_tokens <= 0:
-            return
-        L = int(self._lens[i])
-        kv = [(l.keys[i:i + 1, :, -L:].clone(), l.values[i:i + 1, :, -L:].clone()) for l in self._cache.layers]
-        self._prefix_put(tuple(r.ids + r.out[:-1]), kv)
 
     def _drop_cancelled(self):
         keep = [i for i, r in enumerate(self._rows) if not r.fut.done()]
@@ -457,16 +454,11 @@ class HFEngine:
         kv = self._prefix[best_key][1]
         return best, [(k[:, :, :best], v[:, :, :best]) for k, v in kv]
 
-    def _prefix_store(self, ids: list[int], cache, row: int):
-        if self.prefix_cache_tokens <= 0 or tuple(ids) in self._prefix:  # a GRPO group shares its prompt
+    def _prefix_put(self, key: tuple, layers, row: int, span: slice):
+        """Keep a copy of the KV of `key`: cache row `row`, positions `span`, of every layer."""
+        if key in self._prefix or len(key) > self.prefix_cache_tokens:  # a GRPO group shares its prompt
             return
-        L = len(ids)
-        kv = [(l.keys[row:row + 1, :, :L].clone(), l.values[row:row + 1, :, :L].clone()) for l in cache.layers]
-        self._prefix_put(tuple(ids), kv)
-
-    def _prefix_put(self, key: tuple, kv):
-        if key in self._prefix or len(key) > self.prefix_cache_tokens:
-            return
+        kv = [(l.keys[row:row + 1, :, span].clone(), l.values[row:row + 1, :, span].clone()) for l in layers]
         arr = np.asarray(key)
         # An entry that the new one extends can never be the longest match again: drop it, or a
         # multi-turn trajectory would hold one copy of its context per turn and evict the others'.
@@ -669,8 +661,7 @@ class SGLangEngine:
 
     async def score(self, input_ids: list[int], start: int) -> list[float]:
         ids = list(map(int, input_ids))
-        if not 1 <= start <= len(ids):
-            raise ValueError(f"score(): start must be in [1, len(input_ids)={len(ids)}], got {start}")
+        check_score_start(ids, start)
         if start == len(ids):
             return []
         # one throw-away sampled token keeps this on SGLang's ordinary prefill path
