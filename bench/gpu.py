@@ -106,8 +106,7 @@ def pick_engine(want: str, device: torch.device) -> str:
         return "hf"
     try:
         import sglang  # noqa: F401
-        have = hasattr(engine_mod, "SGLangEngine") and device.type == "cuda"
-        why = "" if have else ("engine.SGLangEngine is missing" if device.type == "cuda" else "SGLang needs CUDA")
+        have, why = device.type == "cuda", "SGLang needs CUDA"
     except ImportError as e:
         have, why = False, f"import sglang failed: {e}"
     if want == "sglang" and not have:
