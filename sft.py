@@ -35,6 +35,7 @@ train.py calls `warm_start(model, tool_format=..., seed=...)`, which caches the 
 """
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import json
@@ -419,96 +420,41 @@ def _last_line(s: str) -> str:
     return lines[-1] if lines else ""
 
 
-def _stopped_at(tokenizer, new: list[int], stops: list[str], stop_ids: set[int]) -> int | None:
-    """Length of `new` up to its first EOS / stop token / stop string (kept), as the rollout's engine stops; None if none."""
-    for i, t in enumerate(new):
-        if t in stop_ids or (stops and any(s in tokenizer.decode(new[max(0, i - 7):i + 1]) for s in stops)):
-            return i + 1
-    return None
+def evaluate(engine, tokenizer, *, tool_format: str, n: int, seed: int, max_turn_tokens: int = 384) -> dict:
+    """Roll out held-out warm-up problems at T=1 as train.py does (an engine.py engine, the real sandbox, SAAR
+    off), with two turns at most: a call, and an answer after its output.
 
-
-def sample_turns(model, tokenizer, inputs: list[list[int]], *, max_new_tokens: int, stops: list[str],
-                 stop_ids: list[int], seed: int, batch: int = 8) -> list[list[int]]:
-    """One assistant turn per input at T=1, top_p=1 (transformers generate, left-padded batches), each cut where
-    the rollout's engine would stop it: after EOS, a stop token, or a stop string (all kept).
-
-    Small batches: generate runs until the batch's longest row stops, so one rambling row costs less."""
-    if len(inputs) > batch:
-        return [t for s in range(0, len(inputs), batch)
-                for t in sample_turns(model, tokenizer, inputs[s:s + batch], max_new_tokens=max_new_tokens,
-                                      stops=stops, stop_ids=stop_ids, seed=seed + s, batch=batch)]
-    from transformers import StoppingCriteria, StoppingCriteriaList
-    ends = {tokenizer.eos_token_id, *stop_ids}
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    width = max(map(len, inputs))
-
-    class StopText(StoppingCriteria):  # stop strings matched anywhere in the new text, like engine.py
-        def __call__(self, input_ids, scores, **kw):
-            # called once per new token, so looking at the newest token (and a window for strings) suffices
-            new = input_ids[:, width:].tolist()  # (B, t)
-            return torch.tensor([_stopped_at(tokenizer, row[-8:], stops, ends) == len(row[-8:]) for row in new])
-
-    ids = torch.tensor([[pad] * (width - len(x)) + x for x in inputs])  # (B, L)
-    attn = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in inputs])  # (B, L)
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        out = model.generate(input_ids=ids, attention_mask=attn, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
-                             max_new_tokens=max_new_tokens, stopping_criteria=StoppingCriteriaList([StopText()]),
-                             eos_token_id=sorted(ends), pad_token_id=pad)
-    turns = []
-    for row in out[:, width:].tolist():
-        n = _stopped_at(tokenizer, row, stops, ends)
-        turns.append(row[:n] if n is not None else row)
-    return turns
-
-
-def evaluate(model, tokenizer, *, tool_format: str, n: int, seed: int, max_turn_tokens: int = 384) -> dict:
-    """Sample held-out warm-up problems at T=1 as the rollout would: a first turn, the tool's output, an answer turn.
-
-    blocks: first turns holding a call that parses; right: calls whose code (run in the sandbox) prints the
-    answer as its last line; final: answers (after the tool output, or in the first turn when there was
-    no call) whose last \\boxed{} is right. Without a working sandbox only `blocks` is counted.
+    blocks: first turns holding a call that parses; right: those whose code ran and printed the answer as
+    its last line; final: responses whose last \\boxed{} is right.
     """
     from reward import grade_math
+    from sandbox import Sandbox
     t0 = time.time()
     problems = synth.make_problems(n, seed + EVAL_SEED_OFFSET, difficulty="warmup")
     prompts = [rollout.prompt_ids(tokenizer, p.problem, "math", tool_format) for p in problems]
-    stop_ids, stops = rollout.stop_conditions(tokenizer, tool_format)
-    model.eval()
-    first = sample_turns(model, tokenizer, prompts, max_new_tokens=max_turn_tokens, stops=stops, stop_ids=stop_ids,
-                         seed=seed)
-    texts = [tokenizer.decode(t, skip_special_tokens=False) for t in first]
-    calls = [rollout.parse_call(t, tool_format) for t in texts]
-    out = dict(n=n, blocks=sum(c.code is not None for c in calls))
+    with Sandbox(slots=2, timeout_s=4.0) as sb:
+        trajs = asyncio.run(rollout.rollout_batch(
+            engine, sb, tokenizer, prompts, seeds=[seed + i for i in range(n)], tool_format=tool_format,
+            max_turns=2, max_turn_tokens=max_turn_tokens, max_response_tokens=4 * max_turn_tokens))
+    first = [t.turns[0] if t.turns and t.turns[0]["turn"] == 0 else None for t in trajs]
+    return dict(n=n, blocks=sum(c is not None and c["error_kind"] != "malformed" for c in first),
+                right=sum(c is not None and c["ok"] and _last_line(c["output"]) == p.answer for c, p in zip(first, problems)),
+                final=sum(grade_math(t.final_text(tokenizer), p.answer) for t, p in zip(trajs, problems)),
+                seconds=time.time() - t0, sample=trajs[0].text)
+
+
+def _evaluate_model(model, tokenizer, args: Args) -> dict:
+    from engine import HFEngine
+    eng = HFEngine(model.eval(), tokenizer, max_batch=8)  # a fresh one each time: no prefix KV of older weights
     try:
-        from sandbox import Sandbox
-        sb = Sandbox(slots=2, timeout_s=4.0)
-    except Exception as e:  # noqa: BLE001 - any failure only means nothing is executed
-        print(f"[sft] eval: no sandbox ({type(e).__name__}: {e}); counting python blocks only", file=sys.stderr)
-        return out | dict(seconds=time.time() - t0, sample=texts[0])
-    with sb:
-        results = [rollout.ToolResult.from_exec(sb.run(c.code)) if c.code is not None else None for c in calls]
-    out["right"] = sum(r is not None and r.ok and _last_line(r.text) == p.answer for r, p in zip(results, problems))
-    called = [i for i, r in enumerate(results) if r is not None]
-    tool = {i: tokenizer.encode(rollout.tool_turn_text(rollout.truncate_middle(results[i].text), tool_format,
-                                                       ended=first[i][-1] == tokenizer.eos_token_id),
-                                add_special_tokens=False) for i in called}
-    finals = dict(enumerate(texts))
-    if called:
-        second = sample_turns(model, tokenizer, [prompts[i] + first[i] + tool[i] for i in called],
-                              max_new_tokens=max_turn_tokens, stops=stops, stop_ids=stop_ids, seed=seed + 1)
-        for i, t in zip(called, second):
-            finals[i] = tokenizer.decode(t, skip_special_tokens=False)
-    out["final"] = sum(grade_math(finals[i], p.answer) for i, p in enumerate(problems))
-    sample = texts[0] + (tokenizer.decode(tool[0]) + finals[0] if 0 in tool else "")
-    return out | dict(seconds=time.time() - t0, sample=sample)
+        return evaluate(eng, tokenizer, tool_format=args.tool_format, n=args.eval_n, seed=args.seed)
+    finally:
+        eng.shutdown()
 
 
 def describe(r: dict) -> str:
-    s = f"python block {r['blocks']}/{r['n']}"
-    if "right" in r:
-        s += f", block prints the answer {r['right']}/{r['n']}, final \\boxed right {r['final']}/{r['n']}"
-    return s + f" ({r['seconds']:.0f} s)"
+    return (f"python block {r['blocks']}/{r['n']}, block prints the answer {r['right']}/{r['n']}, "
+            f"final \\boxed right {r['final']}/{r['n']} ({r['seconds']:.0f} s)")
 
 
 # --------------------------------------------------------------------------- the run
@@ -533,7 +479,7 @@ def run(args: Args) -> dict:
     model = load_model(args.model)
     summary = dict(args=dataclasses.asdict(args), conversations=len(seqs), tokens=n_tok, loss_tokens=n_loss)
     if args.eval_n and args.eval_base:
-        summary["eval_base"] = evaluate(model, tok, tool_format=args.tool_format, n=args.eval_n, seed=args.seed)
+        summary["eval_base"] = _evaluate_model(model, tok, args)
         print(f"[sft] base model: {describe(summary['eval_base'])}", file=sys.stderr)
     logf = None
     if args.out:
@@ -558,7 +504,7 @@ def run(args: Args) -> dict:
     print(f"[sft] trained {len(stats)} steps in {summary['train_s']:.0f} s (loss {summary['first_loss']:.3f} -> "
           f"{summary['last_loss']:.3f}); saved {summary['saved']}", file=sys.stderr)
     if args.eval_n:
-        summary["eval_sft"] = evaluate(model, tok, tool_format=args.tool_format, n=args.eval_n, seed=args.seed)
+        summary["eval_sft"] = _evaluate_model(model, tok, args)
         if "eval_base" in summary:
             print(f"[sft] base model: {describe(summary['eval_base'])}", file=sys.stderr)
         print(f"[sft] after SFT:  {describe(summary['eval_sft'])}", file=sys.stderr)

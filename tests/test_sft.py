@@ -205,11 +205,17 @@ def test_parse_args_from_the_dataclass():
     assert set(docs) == {f for f in sft.Args.__dataclass_fields__} and all(docs.values())
 
 
-def test_eval_turns_stop_where_the_rollout_engine_stops():
+@pytest.mark.parametrize("fmt", ["markdown", "hermes"])
+def test_eval_rolls_out_and_counts_calls_and_answers(fmt):
     tok = tokenizer("tiny-qwen3")
-    ids = tok.encode("Plan.\n```python\nprint(1)\n```\n\nThen more.<|im_end|>", add_special_tokens=False)
-    n = sft._stopped_at(tok, ids, ["```\n"], {tok.eos_token_id})
-    # the token that completes the stop string is kept whole (here "`\n\n"), as engine.py keeps it
-    assert "print(1)\n```\n" in tok.decode(ids[:n]) and "```\n" not in tok.decode(ids[:n - 1]).split("python")[1]
-    assert sft._stopped_at(tok, ids, [], {tok.eos_token_id}) == len(ids)  # EOS kept
-    assert sft._stopped_at(tok, ids[:-1], [], {tok.eos_token_id}) is None
+    answer = synth.make_problems(1, 7 + sft.EVAL_SEED_OFFSET, difficulty="warmup")[0].answer
+    call = (f"```python\nprint({answer})\n```" if fmt == "markdown" else
+            '<tool_call>\n' + json.dumps({"name": rollout.TOOL_NAME, "arguments": {"code": f"print({answer})"}}) + '\n</tool_call>')
+    good = ScriptedEngine(tok, [f"Compute it.\n{call}", f"So \\boxed{{{answer}}}.<|im_end|>"])
+    r = sft.evaluate(good, tok, tool_format=fmt, n=1, seed=7)
+    assert (r["n"], r["blocks"], r["right"], r["final"]) == (1, 1, 1, 1), r
+    assert len(good.inputs) == 2 and str(answer) in tok.decode(good.inputs[1][-40:])  # the tool's output came back
+    wrong = ScriptedEngine(tok, ["```python\nprint(0\n", f"\\boxed{{{answer}1}}<|im_end|>"] if fmt == "markdown" else
+                           ["<tool_call>\n{not json}\n</tool_call>", f"\\boxed{{{answer}1}}<|im_end|>"])
+    r = sft.evaluate(wrong, tok, tool_format=fmt, n=1, seed=7)
+    assert (r["blocks"], r["right"], r["final"]) == (0, 0, 0), r
