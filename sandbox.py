@@ -940,6 +940,17 @@ def _stdin_fd(data: str | None) -> int:
     return fd
 
 
+def _take_request(payload: int) -> dict:
+    """In a waiting child: read the request the zygote sent (a memfd of JSON), and give the code its stdin."""
+    with open(payload, "rb") as f:
+        req = json.loads(f.read())
+    if req["stdin"] is not None:
+        fd = _stdin_fd(req["stdin"])
+        os.dup2(fd, 0)
+        os.close(fd)
+    return req
+
+
 def _fresh_main() -> dict:
     main = types.ModuleType("__main__")
     sys.modules["__main__"] = main  # so pickle and multiprocessing find functions defined by the code
@@ -994,16 +1005,9 @@ def _fork_spare(z: _Zygote) -> _Spare:
             ns = _fresh_main()
             ctl = socket.socket(fileno=4)
             _copy_ahead(z.hot, ctl)
-            msg, fds, _, _ = socket.recv_fds(ctl, 16, 1)
-            if msg != b"run" or len(fds) != 1:
-                os._exit(0)  # the zygote let us go
+            payload = _await_message(ctl, b"run", 1, None)[0]  # or leave, if the zygote lets us go
             ctl.close()  # the code never sees the zygote's socket
-            with open(fds[0], "rb") as f:
-                req = json.loads(f.read())
-            if req["stdin"] is not None:
-                fd = _stdin_fd(req["stdin"])
-                os.dup2(fd, 0)
-                os.close(fd)
+            req = _take_request(payload)
             _set_cpu_limit(req["timeout"], hard=True)
         except BaseException:
             _internal_failure(3)
@@ -1371,7 +1375,7 @@ def _holder_loop(ctl: socket.socket, ns: dict) -> None:
                 pass
         except ChildProcessError:
             pass
-        pipes = _await_go(ctl, parent)
+        pipes = _await_message(ctl, b"go", 3, parent)  # the next cell's stdout, stderr and result pipes
         holder = os.getpid()
         pid = os.fork()
         if pid == 0:
@@ -1395,16 +1399,17 @@ def _holder_loop(ctl: socket.socket, ns: dict) -> None:
         ctl.send(f"status {pid} {status}".encode())
 
 
-def _await_go(ctl: socket.socket, parent: int | None) -> list:
-    """Wait for the zygote's "go", which carries the next cell's stdout, stderr and result pipes."""
+def _await_message(ctl: socket.socket, word: bytes, n_fds: int, holder: int | None) -> list:
+    """Wait for the zygote's `word` carrying n_fds file descriptors, and return them; anything else is
+    not for us. If the zygote is gone, leave (see _orphaned)."""
     while True:
         try:
-            msg, fds, _, _ = socket.recv_fds(ctl, 16, 3)
+            msg, fds, _, _ = socket.recv_fds(ctl, 16, n_fds)
         except OSError:
             msg, fds = b"", []
         if not msg:
-            _orphaned(parent)
-        if msg == b"go" and len(fds) == 3:
+            _orphaned(holder)
+        if msg == word and len(fds) == n_fds:
             return fds
         for fd in fds:
             os.close(fd)
@@ -1430,24 +1435,9 @@ def _runner(ctl: socket.socket, ns: dict, holder: int, user_hup, written: list, 
     except BaseException:
         _internal_failure(res_w)
     _copy_ahead(written, ctl)
-    while True:
-        try:
-            msg, fds, _, _ = socket.recv_fds(ctl, 16, 1)
-        except OSError:
-            msg, fds = b"", []
-        if not msg:
-            _orphaned(holder)
-        if msg == b"run" and len(fds) == 1:
-            break
-        for fd in fds:  # anything else is not for us
-            os.close(fd)
+    payload = _await_message(ctl, b"run", 1, holder)[0]
     try:
-        with open(fds[0], "rb") as f:
-            req = json.loads(f.read())
-        if req["stdin"] is not None:
-            fd = _stdin_fd(req["stdin"])
-            os.dup2(fd, 0)
-            os.close(fd)
+        req = _take_request(payload)
         _set_cpu_limit(req["timeout"], hard=False)
         signal.signal(signal.SIGHUP, user_hup)
     except BaseException:
