@@ -15,7 +15,8 @@ How it works
   BLAS thread and run a short warm-up. It speaks length-prefixed JSON over its stdin/stdout.
 - `run(code)` (stateless): the code runs in a fresh namespace in a child of the zygote, forked
   ahead of time (the spare): it has dropped privileges, set up its streams and copied ahead the
-  pages a typical run writes (learnt once by a probe run), and waits for the code. The zygote
+  pages a typical run writes (learnt once by a probe run), and waits for the code (at nice 10, set
+  back to 0 when the code arrives, where the zygote may lower a nice value). The zygote
   drains stdout/stderr (keeping head and tail), enforces the wall-clock timeout and the
   output-flood limit with SIGKILL, then kills whatever the code left running, wipes the scratch
   dir, answers, and forks the next spare while the model generates. Time spent waiting for a free
