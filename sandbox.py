@@ -10,7 +10,7 @@ job; we keep its plain tone, but not its design (a multiprocessing.Process per c
 patched to None). Nothing here is copied from it.
 
 How it works
-- One zygote per slot: a clean `python -s -P sandbox.py --zygote`, started with subprocess (never by
+- One zygote per slot: a clean `python -I sandbox.py --zygote`, started with subprocess (never by
   forking the trainer, which may hold torch threads), that has imported numpy and sympy with one
   BLAS thread and run a short warm-up. It speaks length-prefixed JSON over its stdin/stdout.
 - `run(code)` (stateless): the code runs in a fresh namespace in a child of the zygote, forked
