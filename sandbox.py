@@ -1000,8 +1000,6 @@ def _fork_spare(z: _Zygote) -> _Spare:
                 os.dup2(fd, i)
             os.closerange(5, 1 << 16)  # the zygote's pipes and the other slots' fds are not the code's
             _enter_sandbox(z, z.uid, z.scratch)
-            if z.renice:  # set back to 0 when the code arrives
-                os.setpriority(os.PRIO_PROCESS, 0, BACKGROUND_NICE)
             _std_streams()
             ns = _fresh_main()
             ctl = socket.socket(fileno=4)
@@ -1017,6 +1015,8 @@ def _fork_spare(z: _Zygote) -> _Spare:
     ctl_c.close()
     for _, w in pairs:
         os.close(w)
+    if z.renice:  # by us, not by the child: a request may come before the child gets that far
+        _setpriority(pid, BACKGROUND_NICE)
     return _Spare(pid, os.pidfd_open(pid), ctl_z, tuple(r for r, _ in pairs))
 
 
@@ -1042,8 +1042,8 @@ def _run_stateless(z: _Zygote, req: dict) -> dict:
             if z.renice:
                 _setpriority(pid, 0)
             socket.send_fds(spare.ctl, [b"run"], [payload])
-        except OSError:
-            pass  # it died: _supervise sees it through the pidfd
+        except OSError as e:  # it never got the code: the sandbox failed, not the code
+            raise RuntimeError(f"the waiting child did not take the code ({e})") from None
         finally:
             os.close(payload)
             spare.ctl.close()
@@ -1059,7 +1059,7 @@ def _run_stateless(z: _Zygote, req: dict) -> dict:
             state = _new_state(z)
             state["reason"] = "exited"
         state["duration"] = time.monotonic() - t0
-        _sweep(z, _keep(z))
+        _sweep(z, *_spared(z))
         _drain(z, state, out_r, err_r, res_r)
         for fd in (out_r, err_r, res_r):
             os.close(fd)
@@ -1091,10 +1091,11 @@ def _supervise(z: _Zygote, out_r: int, err_r: int, res_r: int, deadline: float, 
     while state["reason"] is None:
         wait = deadline - time.monotonic()
         if child_exit_seen is not None:  # the cell died; give its holder a moment to report how
-            wait = min(wait, child_exit_seen + 0.5 - time.monotonic())
+            wait = min(wait, child_exit_seen + 0.5 - time.monotonic(), 0.05)
             if wait <= 0:
                 state["reason"] = "exited"
                 break
+            _signal(h.pid, signal.SIGCONT)  # again: it may have stopped itself just after the last one
         if wait <= 0:
             state["reason"] = "timeout"
             break
@@ -1254,13 +1255,19 @@ def _holders(z: _Zygote) -> set:
     return {h.pid for h in z.sessions.values()}
 
 
-def _keep(z: _Zygote) -> set:
-    """What a sweep spares: the session holders and the next stateless run's child."""
-    return _holders(z) | ({z.spare.pid} if z.spare is not None else set())
+def _spared(z: _Zygote) -> tuple:
+    """What a sweep spares: the session holders, their runners once checked, the next stateless
+    run's child; and the children of holders sent a "go" whose runner is not checked yet (one of
+    them is that runner). Any other child of a holder was forked by a thread a cell left behind."""
+    keep = _holders(z) | {h.runner for h in z.sessions.values() if h.runner is not None}
+    if z.spare is not None:
+        keep.add(z.spare.pid)
+    return keep, {h.pid for h in z.sessions.values() if h.pipes is not None and h.pidfd is None}
 
 
-def _sweep(z: _Zygote, keep: set, keep_children_of: set | None = None) -> None:
-    """Kill every process below the zygote except the session holders in `keep`.
+def _sweep(z: _Zygote, keep: set, keep_children_of: set = frozenset()) -> None:
+    """Kill every process below the zygote except those in `keep` and the direct children of those
+    in `keep_children_of` (see _spared).
     A SIGKILLed process never runs code again, so we do not wait for its teardown (milliseconds
     for a process mapping numpy and sympy): it is remembered as dying and reaped later. A kill
     cannot race a fork (the kernel fails a fork with a fatal signal pending), so once a scan
@@ -1273,8 +1280,8 @@ def _sweep(z: _Zygote, keep: set, keep_children_of: set | None = None) -> None:
         for pid in list(z.dying):  # forget the reaped; start times guard against pid reuse
             if pid not in table or table[pid][1] == b"Z" or table[pid][2] != z.dying[pid]:
                 del z.dying[pid]
-        kids_of = keep if keep_children_of is None else keep_children_of  # a holder's child is its runner
-        victims = [p for p in _descendants(table, os.getpid(), keep, kids_of) if table[p][1] != b"Z" and p not in z.dying]
+        victims = [p for p in _descendants(table, os.getpid(), keep, keep_children_of)
+                   if table[p][1] != b"Z" and p not in z.dying]
         if not victims:
             return
         for pid in victims:
@@ -1449,9 +1456,13 @@ def _runner(ctl: socket.socket, ns: dict, holder: int, user_hup, written: list, 
 
 
 def _arm(z: _Zygote, h: _Holder, deadline: float) -> bool | None:
-    """Give the holder the next cell's pipes and wait for the runner it forks: reported by the
-    holder, checked in /proc to be its child, and watched through a pidfd from then on.
-    True when ready, False when every process of the session is gone, None at the deadline."""
+    """Give the holder the next cell's pipes and wait for the runner it forks (see _await_runner)."""
+    return _await_runner(z, h, deadline) if _send_go(h) else False
+
+
+def _send_go(h: _Holder) -> bool:
+    """Give the holder the next cell's output pipes: "go". False when the session's processes are
+    gone. Never while an earlier "go" is out: its runner, once forked, would take this one."""
     h.drop_runner()
     # Whatever the session said before this point is stale (a cell's fork may have posed as a
     # runner before the sweep killed it), and the runner is reported only after "go".
@@ -1467,6 +1478,13 @@ def _arm(z: _Zygote, h: _Holder, deadline: float) -> bool | None:
     for _, w in pairs:
         os.close(w)
     h.pipes = tuple(r for r, _ in pairs)
+    return True
+
+
+def _await_runner(z: _Zygote, h: _Holder, deadline: float) -> bool | None:
+    """Wait for the runner the holder forks after "go": reported by the holder, checked in /proc to
+    be its child, and watched through a pidfd from then on. True when ready, False when every
+    process of the session is gone, None at the deadline."""
     while True:
         for kind, pid, _ in _read_ctl(h.ctl):
             if kind == "eof":  # every process of the session is gone
@@ -1482,12 +1500,37 @@ def _arm(z: _Zygote, h: _Holder, deadline: float) -> bool | None:
             else:
                 os.close(pidfd)
         if h.pidfd is not None:
+            _stop(h.pid)  # it stops itself after the report, but a SIGCONT of ours may come after that
             return True
         wait = deadline - time.monotonic()
         if wait <= 0:
             return None
         if not select.select([h.ctl], [], [], min(wait, 0.05))[0]:
             _signal(h.pid, signal.SIGCONT)  # a holder that stopped itself just after our last SIGCONT
+
+
+def _stop(pid: int) -> None:
+    """SIGSTOP a session process and wait (up to 50 ms) until all its threads have stopped, so that
+    a thread left by a cell forks nothing after the sweep that follows."""
+    _signal(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 0.05
+    while time.monotonic() < deadline:
+        try:
+            states = [_proc_state(f"/proc/{pid}/task/{t}/stat") for t in os.listdir(f"/proc/{pid}/task")]
+        except OSError:
+            return  # gone
+        if all(st in (b"T", b"t", b"Z", b"X", None) for st in states):
+            return
+        time.sleep(0.0005)
+
+
+def _proc_state(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    return data[data.rfind(b")") + 2:data.rfind(b")") + 3]
 
 
 def _runner_ready(h: _Holder) -> bool:
@@ -1504,8 +1547,10 @@ def _run_cell(z: _Zygote, req: dict) -> dict:
         if h is None:
             h = z.sessions[req["sid"]] = _open_holder(z, req["sid"], req["uid"], req["rollback"])
         ready = _runner_ready(h)
-        if not ready:  # a new session, or the runner could not be made ready in time
-            if h.pidfd is not None:  # it died: its holder reports that, then waits for "go"
+        if not ready and h.pipes is not None and h.pidfd is None:  # a "go" is out: wait for its runner
+            ready = _await_runner(z, h, t0 + req["timeout"])
+        elif not ready:  # a new session, or its runner died
+            if h.pidfd is not None:  # its holder reports that, then waits for "go"
                 _signal(h.pid, signal.SIGCONT)
             ready = _arm(z, h, t0 + req["timeout"])
         if ready is not False:
@@ -1547,7 +1592,10 @@ def _run_cell(z: _Zygote, req: dict) -> dict:
             h.pid, committed = runner, True  # commit: the sweep kills the old holder
         elif holder_alive:  # rollback: the old holder is untouched
             if ours:
-                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                try:
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             _killpg(runner)  # its forks (a group id is never reused while the group lives)
         elif frame is not None and ours:
             h.pid, committed = runner, True  # the cell killed its own checkpoint: this is the only state left
@@ -1581,9 +1629,9 @@ def _settle_commit(z: _Zygote, h: _Holder, written: bool) -> None:
         if select.select([h.ctl], [], [], wait)[0]:
             for kind, pid, _ in _read_ctl(h.ctl):
                 written = written or kind == "eof" or (kind == "written" and pid == h.pid)
-    _sweep(z, _keep(z), _keep(z) - {h.pid})
+    _sweep(z, *_spared(z))  # the new holder's children are the cell's leftovers
     _wipe_shm(z)
-    _arm(z, h, time.monotonic() + 1.0)  # not ready in time: the next cell waits for it
+    _ready_next(z, h)
 
 
 def _settle_rollback(z: _Zygote, h: _Holder, pidfd: int) -> None:
@@ -1593,10 +1641,17 @@ def _settle_rollback(z: _Zygote, h: _Holder, pidfd: int) -> None:
         select.select([pidfd], [], [], 1.0)
     finally:
         os.close(pidfd)
-    _sweep(z, _keep(z))  # a holder's child is its (dead) runner
+    _sweep(z, *_spared(z))
     _wipe_shm(z)
     _signal(h.pid, signal.SIGCONT)  # the holder reaps the runner, then waits for "go"
-    _arm(z, h, time.monotonic() + 1.0)
+    _ready_next(z, h)
+
+
+def _ready_next(z: _Zygote, h: _Holder) -> None:
+    """Make the holder's next runner ready (not ready in a second: the next cell waits for it), then
+    sweep what a thread left by an earlier cell forked while the holder ran."""
+    if _arm(z, h, time.monotonic() + 1.0):
+        _sweep(z, *_spared(z))
 
 
 def _close_holder(z: _Zygote, sid: int) -> dict:
@@ -1605,7 +1660,8 @@ def _close_holder(z: _Zygote, sid: int) -> dict:
         _signal(h.pid, signal.SIGKILL)
         h.drop_runner()
         h.ctl.close()
-        _sweep(z, _keep(z))
+        _sweep(z, *_spared(z))
+        _wipe_shm(z)
         shutil.rmtree(h.scratch, ignore_errors=True)
     return {"kind": "none"}
 

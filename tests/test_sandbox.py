@@ -448,6 +448,37 @@ def test_session_cells_that_meddle_with_the_control_socket(sb, contained):
     assert settles_to(before)
 
 
+def test_session_whose_holder_is_slow_to_fork_its_runner(sb, contained):
+    # A thread left by a cell holds the GIL for seconds (a regex in C), so the holder forks its next
+    # runner late: the zygote must wait for that runner, not send a second "go" that the runner
+    # would take (the cell came back as a false timeout or crash).
+    with sb.session() as s:
+        expect(s.run("x = 41\nimport threading, re\nt = threading.Thread(target=re.match, "
+                     "args=(r'(a+)+$', 'a' * 26 + 'b'), daemon=True)\nt.start()"), "none")
+        time.sleep(1.5)
+        expect(s.run("x + 1"), "none", "42")
+        expect(s.run("x + 2"), "none", "43")
+
+
+def test_session_leftovers_are_swept(sb, contained):
+    # A committed cell leaves a thread that forks whenever its holder runs; those children are not
+    # runners and must not survive the next sweep. Nor may a lost session leave files in /dev/shm.
+    with sb.session() as s:
+        expect(s.run("x = 1"), "none")
+        before = settled_count()
+        expect(s.run("import threading, os, time\ndef bg():\n    while True:\n        time.sleep(0.002)\n"
+                     "        if os.fork() == 0:\n            time.sleep(120)\n            os._exit(0)\n"
+                     "threading.Thread(target=bg, daemon=True).start()"), "none")
+        expect(s.run("1 / 0"), "exception")
+        expect(s.run("print(x)"), "none", "1")
+        assert settled_count(before) == before
+    if "bwrap" in sb.layers:  # without bwrap /dev/shm is the host's, and not the sandbox's to wipe
+        with sb.session() as s:
+            r = s.run("open('/dev/shm/from_a_session', 'w').write('hi')\nimport os\nos.kill(os.getppid(), 9)\nos._exit(1)")
+            expect(r, "crash", "state was lost")
+        expect(sb.run("import os\nprint(os.listdir('/dev/shm'))"), "none", "[]")
+
+
 def test_runs_and_cells_copy_ahead_the_pages_they_write(sb, contained):
     # Code runs in a fork, so each page it writes is first copied, on a fault. A session runner
     # copies ahead the pages the previous cell wrote while it waits, and a stateless spare the
