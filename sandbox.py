@@ -577,19 +577,23 @@ def _proc_table() -> dict:
     """pid -> (ppid, state letter, start time) for every process visible in /proc."""
     table = {}
     for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            fd = os.open(f"/proc/{name}/stat", os.O_RDONLY)
-            try:
-                data = os.read(fd, 512)
-            finally:
-                os.close(fd)
-        except OSError:
-            continue
-        rest = data[data.rfind(b")") + 2:].split()
-        table[int(name)] = (int(rest[1]), rest[0], rest[19])
+        if name.isdigit() and (rest := _stat_fields(f"/proc/{name}/stat")) is not None:
+            table[int(name)] = (int(rest[1]), rest[0], rest[19])
     return table
+
+
+def _stat_fields(path: str) -> list | None:
+    """The fields of a /proc/.../stat file after the command name (the state letter first); None
+    when it cannot be read (the process is gone)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            data = os.read(fd, 1024)
+        finally:
+            os.close(fd)
+    except OSError:
+        return None
+    return data[data.rfind(b")") + 2:].split()
 
 
 def _descendants(table: dict, root: int, keep: set = frozenset(), keep_children_of: set = frozenset()) -> list:
@@ -932,11 +936,10 @@ def _std_streams() -> None:
     sys.stderr = sys.__stderr__ = open(2, "w", encoding="utf-8", errors="backslashreplace", buffering=1, closefd=False)
 
 
-def _stdin_fd(data: str | None) -> int:
-    if data is None:
-        return os.open(os.devnull, os.O_RDONLY)
-    fd = os.memfd_create("stdin")
-    os.write(fd, data.encode())  # memfd writes never block, whatever the size
+def _memfd(name: str, data: bytes) -> int:
+    """A file descriptor that reads `data` from its start."""
+    fd = os.memfd_create(name)
+    os.write(fd, data)  # memfd writes never block, whatever the size
     os.lseek(fd, 0, os.SEEK_SET)
     return fd
 
@@ -946,7 +949,7 @@ def _take_request(payload: int) -> dict:
     with open(payload, "rb") as f:
         req = json.loads(f.read())
     if req["stdin"] is not None:
-        fd = _stdin_fd(req["stdin"])
+        fd = _memfd("stdin", req["stdin"].encode())
         os.dup2(fd, 0)
         os.close(fd)
     return req
@@ -1033,9 +1036,7 @@ def _run_stateless(z: _Zygote, req: dict) -> dict:
     if spare is None:
         spare = _fork_spare(z)
     pid, pidfd, (out_r, err_r, res_r) = spare.pid, spare.pidfd, spare.pipes
-    payload = os.memfd_create("code")
-    os.write(payload, json.dumps({"code": req["code"], "timeout": req["timeout"], "stdin": req["stdin"]}).encode())
-    os.lseek(payload, 0, os.SEEK_SET)
+    payload = _memfd("code", json.dumps({"code": req["code"], "timeout": req["timeout"], "stdin": req["stdin"]}).encode())
     state = None
     try:
         try:
@@ -1188,13 +1189,8 @@ def _signal(pid: int, sig: int) -> None:
 
 def _proc_entry(pid: int) -> tuple | None:
     """(ppid, state letter) of a live process, None when it is gone or a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    rest = data[data.rfind(b")") + 2:].split()
-    return None if rest[0] == b"Z" else (int(rest[1]), rest[0])
+    rest = _stat_fields(f"/proc/{pid}/stat")
+    return None if rest is None or rest[0] == b"Z" else (int(rest[1]), rest[0])
 
 
 def _verdict(z: _Zygote, state: dict) -> dict:
@@ -1516,21 +1512,12 @@ def _stop(pid: int) -> None:
     deadline = time.monotonic() + 0.05
     while time.monotonic() < deadline:
         try:
-            states = [_proc_state(f"/proc/{pid}/task/{t}/stat") for t in os.listdir(f"/proc/{pid}/task")]
+            states = [(_stat_fields(f"/proc/{pid}/task/{t}/stat") or [None])[0] for t in os.listdir(f"/proc/{pid}/task")]
         except OSError:
             return  # gone
         if all(st in (b"T", b"t", b"Z", b"X", None) for st in states):
             return
         time.sleep(0.0005)
-
-
-def _proc_state(path: str) -> bytes | None:
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    return data[data.rfind(b")") + 2:data.rfind(b")") + 3]
 
 
 def _runner_ready(h: _Holder) -> bool:
@@ -1567,10 +1554,8 @@ def _run_cell(z: _Zygote, req: dict) -> dict:
     h.cells += 1
     runner, pidfd, (out_r, err_r, res_r) = h.runner, h.pidfd, h.pipes
     h.runner = h.pidfd = h.pipes = None
-    payload = os.memfd_create("cell")
-    os.write(payload, json.dumps({"code": req["code"], "timeout": req["timeout"], "stdin": req["stdin"], "cell": h.cells,
-                                  "nice": BACKGROUND_NICE if z.renice else 0}).encode())
-    os.lseek(payload, 0, os.SEEK_SET)
+    payload = _memfd("cell", json.dumps({"code": req["code"], "timeout": req["timeout"], "stdin": req["stdin"],
+                                         "cell": h.cells, "nice": BACKGROUND_NICE if z.renice else 0}).encode())
     state = None
     try:
         try:
