@@ -133,13 +133,17 @@ def shopping_total(items: list[list], min_qty: int | None, pct: int, ship: int, 
 
 
 # ---------------------------------------------------------------------------------------------
-# generators: (rng, hard) -> (text, answer, params, reference code)
+# generators: (rng, level) -> (kind, text, answer, params, reference code); level is warmup, medium or rl
 
 
-def _gen_primes(rng: random.Random, hard: bool):
+def _gen_primes(rng: random.Random, level: str):
+    hard = level == "rl"
     if hard:
         a = rng.randint(100_000, 3_000_000)
         b = a + rng.randint(20_000, 200_000)
+    elif level == "medium":  # naive code is fast enough; counting by hand is not
+        a = rng.randint(500, 20_000)
+        b = a + rng.randint(1_000, 10_000)
     else:
         a = rng.randint(2, 400)
         b = a + rng.randint(100, 1500)
@@ -171,10 +175,14 @@ def _gen_primes(rng: random.Random, hard: bool):
     return "primes", text, count_primes(a, b), {"lo": a, "hi": b}, code
 
 
-def _gen_digit_sum(rng: random.Random, hard: bool):
+def _gen_digit_sum(rng: random.Random, level: str):
+    hard = level == "rl"
     if hard:
         a = rng.randint(13, 99)
         e = rng.randint(int(1000 / log10(a)), int(3990 / log10(a)))  # 1000..4000 digits
+    elif level == "medium":
+        a = rng.randint(2, 30)
+        e = rng.randint(40, 300)
     else:
         a = rng.randint(2, 9)
         e = rng.randint(10, 40)
@@ -195,12 +203,18 @@ def _gen_digit_sum(rng: random.Random, hard: bool):
     return "digit_sum", text, digit_sum(a**e), {"base": a, "exp": e}, code
 
 
-def _gen_recurrence(rng: random.Random, hard: bool):
+def _gen_recurrence(rng: random.Random, level: str):
+    hard = level == "rl"
     if hard:
         m = rng.choice([10**9 + 7, 998_244_353, 1_000_003, rng.randint(100_000, 10**9)])
         n = rng.randint(100_000, 1_000_000)
         p, q, r = rng.randint(2, 99), rng.randint(1, 99), rng.randint(0, 999)
         x0, x1 = rng.randint(0, 999), rng.randint(0, 999)
+    elif level == "medium":
+        m = rng.randint(1_000, 100_000)
+        n = rng.randint(100, 5_000)
+        p, q, r = rng.randint(2, 30), rng.randint(1, 30), rng.randint(0, 100)
+        x0, x1 = rng.randint(0, 99), rng.randint(0, 99)
     else:
         m = rng.randint(50, 1000)
         n = rng.randint(10, 60)
@@ -246,13 +260,17 @@ def _dollars(cents: int) -> str:
     return f"${cents // 100}.{cents % 100:02d}"
 
 
-def _gen_shopping(rng: random.Random, hard: bool):
-    k = rng.randint(5, 9) if hard else rng.randint(2, 4)
+def _gen_shopping(rng: random.Random, level: str):
+    hard = level == "rl"
+    k = rng.randint(5, 9) if hard else rng.randint(4, 7) if level == "medium" else rng.randint(2, 4)
     names = rng.sample(_GOODS, k)
     if hard:
         items = [[nm, rng.randint(1, 40), rng.randint(19, 4999)] for nm in names]
         min_qty, pct = rng.randint(5, 15), rng.choice([5, 10, 12, 15, 20, 25, 30])
         ship, free_over = rng.randint(299, 1499), rng.randint(50, 400) * 100
+    elif level == "medium":
+        items = [[nm, rng.randint(1, 25), rng.randint(49, 4999)] for nm in names]
+        min_qty, pct, ship, free_over = None, 0, 0, None
     else:
         items = [[nm, rng.randint(1, 6), rng.randint(49, 999)] for nm in names]
         min_qty, pct, ship, free_over = None, 0, 0, None
@@ -285,7 +303,8 @@ def _gen_shopping(rng: random.Random, hard: bool):
     return "shopping", text, shopping_total(items, min_qty, pct, ship, free_over), params, code
 
 
-def _gen_collatz(rng: random.Random, hard: bool):
+def _gen_collatz(rng: random.Random, level: str):
+    hard = level == "rl"
     rule = "replace n by n/2 if n is even and by 3n + 1 if n is odd"
     if hard:
         a, count = rng.randint(10**9, 10**15), rng.randint(50, 200)
@@ -300,7 +319,7 @@ def _gen_collatz(rng: random.Random, hard: bool):
                 "    return s\n\n"
                 f"print(sum(steps(n) for n in range({a}, {b} + 1)))\n")
         return "collatz", text, sum(collatz_steps(n) for n in range(a, b + 1)), {"lo": a, "hi": b}, code
-    n = rng.randint(27, 10_000)
+    n = rng.randint(10_000, 10**7) if level == "medium" else rng.randint(27, 10_000)
     text = rng.choice([
         f"Start with n = {n} and repeatedly {rule}. How many steps does it take to reach 1?",
         f"In the Collatz process (if n is even, n -> n/2; if odd, n -> 3n + 1), how many steps does "
@@ -318,7 +337,8 @@ def _gen_collatz(rng: random.Random, hard: bool):
     return "collatz", text, collatz_steps(n), {"lo": n, "hi": n}, code
 
 
-def _gen_coprime(rng: random.Random, hard: bool):
+def _gen_coprime(rng: random.Random, level: str):
+    hard = level == "rl"
     primes = [2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47]
     if hard:
         while True:  # a few distinct primes, some squared, with m <= 10^5
@@ -329,6 +349,12 @@ def _gen_coprime(rng: random.Random, hard: bool):
             if m <= 100_000:
                 break
         n = rng.randint(10**7, 10**9)
+    elif level == "medium":
+        ps = rng.sample(primes[:8], rng.randint(2, 4))
+        m = 1
+        for p in ps:
+            m *= p
+        n = rng.randint(1_000, 100_000)
     else:
         ps = rng.sample(primes[:6], rng.randint(2, 3))
         m = 1
@@ -364,6 +390,7 @@ def _gen_coprime(rng: random.Random, hard: bool):
 
 
 _GENERATORS = (_gen_primes, _gen_digit_sum, _gen_recurrence, _gen_shopping, _gen_collatz, _gen_coprime)
+LEVELS = ("warmup", "medium", "rl")  # easy enough to do by hand / naive code works / naive code times out
 KINDS = ("primes", "digit_sum", "recurrence", "shopping", "collatz", "coprime")  # same order as above
 
 
@@ -373,16 +400,15 @@ def make_problems(n: int, seed: int, difficulty: str = "rl") -> list[Problem]:
     Each problem gets its own RNG keyed by (difficulty, seed, index), so make_problems(k, s) is a
     prefix of make_problems(n, s) for k <= n, and warm-up and RL sets never share a stream.
     """
-    if difficulty not in ("rl", "warmup"):
-        raise ValueError(f"difficulty must be 'rl' or 'warmup', got {difficulty!r}")
+    if difficulty not in LEVELS:
+        raise ValueError(f"difficulty must be one of {LEVELS}, got {difficulty!r}")
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
-    hard = difficulty == "rl"
     offset = random.Random(f"synth:{difficulty}:{seed}").randrange(len(_GENERATORS))
     out = []
     for i in range(n):
         rng = random.Random(f"synth:{difficulty}:{seed}:{i}")  # str seeds hash deterministically (sha512)
-        kind, text, answer, params, code = _GENERATORS[(offset + i) % len(_GENERATORS)](rng, hard)
+        kind, text, answer, params, code = _GENERATORS[(offset + i) % len(_GENERATORS)](rng, difficulty)
         meta = {"kind": kind, "difficulty": difficulty, "params": params, "reference_code": code}
         out.append(Problem(id=f"synth-{difficulty}-{seed}-{i}", problem=text, answer=str(answer),
                            task="math", tests=None, meta=meta))
