@@ -21,9 +21,12 @@ Data layout. `update` and `compute_old_logprobs` take a batch: a list of `Trajec
     input_ids  list[int]   prompt + response (the final, purified tokens), length L
     loss_mask  list[int]   1 on tokens the policy sampled, 0 on prompt and tool-output tokens
     advantage  float       the trajectory's advantage (from `compute_advantages`)
-    old_logp   (L,)        log-prob of each token under the policy that sampled the batch, as
+    old_logp   (L,) | None log-prob of each token under the policy that sampled the batch, as
                            recomputed by `compute_old_logprobs` on the final tokens (the paper's
-                           code recomputes them too); read only where loss_mask is 1
+                           code recomputes them too); read only where loss_mask is 1. None is
+                           allowed in the first mini-batch of `update`: the policy has not moved
+                           yet there, so the update's own forward pass gives them (detached),
+                           exactly, and the separate pass is saved
     is_weight  (L,) | None per-token importance weight (SAAR's truncated IS weight on replaced
                            tokens, 1 elsewhere); detached, multiplies the policy loss
     ref_logp   (L,) | None reference-model log-probs, needed only when kl_coef > 0
@@ -370,7 +373,8 @@ class MicroBatch:
     attention_mask: torch.Tensor | None  # (R, L), None when packed
     seq_ids: torch.Tensor  # (R, L): which trajectory of the micro-batch each slot holds
     loss_mask: torch.Tensor  # (R, L) bool, 0 on padding
-    old_logp: torch.Tensor  # (R, L) float32
+    old_logp: torch.Tensor  # (R, L) float32, 0 where old_known is False
+    old_known: torch.Tensor  # (R, L) bool: the trajectory came with old_logp
     adv: torch.Tensor  # (R, L) float32
     is_weight: torch.Tensor | None  # (R, L) float32
     ref_logp: torch.Tensor | None  # (R, L) float32
@@ -391,7 +395,8 @@ def _field(t: Trajectory, name: str, i: int) -> torch.Tensor | None:
 def collate(trajs: Sequence[Trajectory], *, packed: bool = True, device: torch.device | str = "cpu",
             pad_id: int = 0) -> MicroBatch:
     """Build one micro-batch: a single packed (1, N) row, or right-padded (R, L) rows."""
-    cols: dict[str, list[torch.Tensor]] = {k: [] for k in ("ids", "pos", "seq", "mask", "old", "adv", "isw", "ref")}
+    cols: dict[str, list[torch.Tensor]] = {k: [] for k in ("ids", "pos", "seq", "mask", "old", "known", "adv", "isw",
+                                                           "ref")}
     has_isw = any(t.is_weight is not None for t in trajs)
     has_ref = all(t.ref_logp is not None for t in trajs)
     for k, t in enumerate(trajs):
@@ -402,6 +407,7 @@ def collate(trajs: Sequence[Trajectory], *, packed: bool = True, device: torch.d
         cols["mask"].append(torch.tensor(t.loss_mask, dtype=torch.bool))
         old = _field(t, "old_logp", k)
         cols["old"].append(old if old is not None else torch.zeros(n))
+        cols["known"].append(torch.full((n,), old is not None))
         cols["adv"].append(torch.full((n,), float(t.advantage)))
         isw = _field(t, "is_weight", k)
         cols["isw"].append(isw if isw is not None else torch.ones(n))
@@ -413,7 +419,8 @@ def collate(trajs: Sequence[Trajectory], *, packed: bool = True, device: torch.d
         attn = None
     else:
         L = max(lengths)
-        fill = {"ids": pad_id, "pos": 0, "seq": 0, "mask": False, "old": 0.0, "adv": 0.0, "isw": 1.0, "ref": 0.0}
+        fill = {"ids": pad_id, "pos": 0, "seq": 0, "mask": False, "old": 0.0, "known": True, "adv": 0.0, "isw": 1.0,
+                "ref": 0.0}
         out = {k: torch.stack([F.pad(x, (0, L - x.numel()), value=fill[k]) for x in v]) for k, v in cols.items()}
         out["pos"] = torch.arange(L).expand(len(trajs), L).contiguous()
         out["seq"] = torch.arange(len(trajs))[:, None].expand(len(trajs), L).contiguous()
@@ -421,7 +428,7 @@ def collate(trajs: Sequence[Trajectory], *, packed: bool = True, device: torch.d
     out = {k: v.to(device, non_blocking=True) for k, v in out.items()}
     return MicroBatch(
         input_ids=out["ids"], position_ids=out["pos"], attention_mask=attn, seq_ids=out["seq"],
-        loss_mask=out["mask"], old_logp=out["old"], adv=out["adv"],
+        loss_mask=out["mask"], old_logp=out["old"], old_known=out["known"], adv=out["adv"],
         is_weight=out["isw"] if has_isw else None, ref_logp=out["ref"] if has_ref else None,
         lengths=lengths, n_slots=out["ids"].numel())
 
@@ -501,6 +508,25 @@ def loss_normaliser(mini_batch: Sequence[Trajectory], agg: str, device: torch.de
     return _all_reduce(float(local), "sum", torch.device(device))
 
 
+def freeze_below(model: torch.nn.Module, train_layers: int) -> None:
+    """Train only the top `train_layers` decoder layers and the final norm (0, or more than the model has:
+    everything in the layers trains).
+
+    The frozen bottom gets no backward pass at all (its outputs need no grad), so a step costs about
+    forward + 2 x (share trained) forwards; the optimizer must be built after this, on the trainable params.
+    """
+    model.requires_grad_(train_layers <= 0)
+    if train_layers <= 0:
+        return
+    decoder = model.get_decoder()
+    if not hasattr(decoder, "layers") or not hasattr(decoder, "norm"):
+        raise ValueError(f"train_layers={train_layers}: {type(model).__name__} has no decoder .layers/.norm; "
+                         "use train_layers=0")
+    for layer in decoder.layers[-train_layers:]:
+        layer.requires_grad_(True)
+    decoder.norm.requires_grad_(True)
+
+
 def _set_checkpointing(model: torch.nn.Module, on: bool) -> None:
     # transformers 5.x renamed gradient_checkpointing_* to activation_checkpointing_*.
     if hasattr(model, "activation_checkpointing_enable"):
@@ -541,7 +567,11 @@ def update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, 
         raise ValueError(f"unknown agg {agg!r}; choose one of {AGG_MODES}")
     if mini_batch_size < 1 or max_tokens_per_micro < 1:
         raise ValueError("mini_batch_size and max_tokens_per_micro must be positive")
-    check_batch(batch, need_ref=bool(kl_coef))
+    check_batch(batch, need_old=False, need_ref=bool(kl_coef))
+    missing = [i for i, t in enumerate(batch) if t.old_logp is None and i >= mini_batch_size]
+    if missing:
+        raise ValueError(f"trajectory {missing[0]}: old_logp is missing outside the first mini-batch, where the "
+                         "policy has already moved; fill it with compute_old_logprobs before the update")
     device = _device(model)
     world = dist.get_world_size() if _dist_on() else 1
     model.train()
@@ -566,7 +596,10 @@ def update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, 
             micro = collate([mb[i] for i in (idx or [0])], packed=packed, device=device)
             logp = token_logprobs(model, micro.input_ids, micro.position_ids, attention_mask=micro.attention_mask,
                                   mask=micro.loss_mask, chunk_size=chunk_size, temperature=temperature)
-            loss, st = policy_loss(logp, micro.old_logp, micro.adv, micro.loss_mask, clip_low=clip_low,
+            # old log-probs not given (first mini-batch only): the policy has not moved yet, so they are this
+            # very forward pass, detached; the ratio is exactly 1 and the gradient that of the surrogate
+            old = torch.where(micro.old_known, micro.old_logp, logp.detach())
+            loss, st = policy_loss(logp, old, micro.adv, micro.loss_mask, clip_low=clip_low,
                                    clip_high=clip_high, dual_clip_c=dual_clip_c, agg=agg,
                                    is_weight=micro.is_weight, ref_logp=micro.ref_logp, kl_coef=kl_coef,
                                    kl_type=kl_type, normaliser=normaliser, max_len=max_len, seq_ids=micro.seq_ids)

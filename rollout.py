@@ -197,6 +197,8 @@ class Trajectory:
     truncated: bool = False                                 # hit the response budget (overlong penalty)
     num_tool_calls: int = 0                                 # executions, rolled-back ones included
     num_tool_errors: int = 0
+    num_first_calls: int = 0                                # executions that were not a SAAR retry
+    num_first_errors: int = 0                               # ... and failed: the policy's own error rate
     meta: dict = field(default_factory=dict)
     text: str = ""                                          # decoded response, for logs
 
@@ -244,6 +246,7 @@ class Runner:
         self.seed, self.n_gen, self.eos_ids = seed, 0, set(eos_ids)
         self.prompt_len, self.max_response_tokens = prompt_len, max_response_tokens
         self.calls, self.errors = 0, 0
+        self.first_calls, self.first_errors = 0, 0  # not counting SAAR's re-executions
         self.turn = 0
 
     def left(self, full_ids: list[int]) -> int:
@@ -270,7 +273,8 @@ class Runner:
     def can_call(self) -> bool:
         return self.calls < self.max_tool_calls
 
-    async def execute(self, call: Call) -> ToolResult:
+    async def execute(self, call: Call, retry: bool = False) -> ToolResult:
+        """Run a call; retry=True for SAAR's re-execution of a corrected call."""
         self.calls += 1
         if call.error is not None:
             r = ToolResult(ok=False, error_kind="malformed", text=call.error)
@@ -278,6 +282,9 @@ class Runner:
             target = self.session if self.session is not None else self.sandbox
             r = ToolResult.from_exec(await target.arun(call.code), self.error_format)
         self.errors += not r.ok
+        if not retry:
+            self.first_calls += 1
+            self.first_errors += not r.ok
         return r
 
     def ended(self, turn_ids: list[int]) -> bool:
@@ -363,6 +370,7 @@ async def rollout_one(engine, sandbox, tokenizer, prompt: list[int], *, tool_for
         run.close()
     traj.finish_reason = finish
     traj.num_tool_calls, traj.num_tool_errors = run.calls, run.errors
+    traj.num_first_calls, traj.num_first_errors = run.first_calls, run.first_errors
     traj.text = tokenizer.decode(traj.response_ids, skip_special_tokens=False)
     return traj
 

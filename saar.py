@@ -187,6 +187,6 @@ async def retry_failed_call(traj, start: int, result, *, cfg: SaarConfig, state:
         traj.extend(rep.ids, mask=1, logprobs=new_logp, is_weight=isw)
         state.events.append(dict(turn=run.turn, kind=rep.kind, similarity=rep.similarity, retry=retries,
                                  error_kind=result.error_kind, regen_tokens=len(new.token_ids)))
-        result = await run.execute(run.parse(rep.ids))
+        result = await run.execute(run.parse(rep.ids), retry=True)
         if result.ok:
             return Outcome(result=result)

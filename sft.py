@@ -331,28 +331,13 @@ def masked_nll(model, seqs, idx: list[int], *, micro_tokens: int, normaliser: fl
     return total
 
 
-def freeze_below(model, train_layers: int) -> None:
-    """requires_grad only on the top train_layers decoder layers and the final norm (0 = everything)."""
-    for p in model.parameters():
-        p.requires_grad_(train_layers <= 0)
-    if train_layers <= 0:
-        return
-    decoder = model.get_decoder()
-    if not hasattr(decoder, "layers") or not hasattr(decoder, "norm"):
-        raise ValueError(f"train_layers={train_layers}: {type(model).__name__} has no decoder .layers/.norm; "
-                         "use train_layers=0")
-    for layer in decoder.layers[-train_layers:]:
-        layer.requires_grad_(True)
-    decoder.norm.requires_grad_(True)
-
-
 def train(model, seqs: list[tuple[list[int], list[int]]], *, epochs: int, lr: float, batch_size: int,
           micro_tokens: int, warmup_steps: int, weight_decay: float, grad_clip: float, seed: int,
           train_layers: int = 0, log=None) -> list[dict]:
     """AdamW on the masked token-mean NLL; returns one dict per optimizer step."""
     from tqdm import tqdm
     model.train()
-    freeze_below(model, train_layers)
+    grpo.freeze_below(model, train_layers)
     rng = random.Random(seed)
     batches = []
     for _ in range(epochs):
@@ -389,7 +374,7 @@ def train(model, seqs: list[tuple[list[int], list[int]]], *, epochs: int, lr: fl
         if log is not None:
             log(s)
     bar.close()
-    freeze_below(model, 0)
+    grpo.freeze_below(model, 0)
     model.eval()
     return stats
 

@@ -2,11 +2,20 @@
 
 Reads top to bottom: args, setup, model, data, optimizer, then the loop (rollout, rewards,
 update, eval/log/ckpt). The defaults are the CPU demo: SmolLM2-135M-Instruct, warmed up by
-sft.py on easy generated problems, trained on harder generated problems that need code, with the
-markdown tool format and SAAR on. The paper's runs are in scripts/ with its values (lr 2e-6,
-128 prompts x 16 samples, mini-batch 32, 16 turns, 20480 response tokens, 4096 overlong buffer).
+sft.py on easy generated problems, trained on generated problems that need code ("medium": naive
+code works, hand work does not), with the markdown tool format and SAAR on. It evaluates 128
+held-out problems greedily before the first step and after the last, and ends with the gain and its
+paired 95% CI. The paper's runs are in scripts/ with its values (lr 2e-6, 128 prompts x 16 samples,
+mini-batch 32, 16 turns, 20480 response tokens, 4096 overlong buffer, temperature 1.0, all layers).
 
-    python train.py                                   # CPU demo, ~10 minutes
+The demo's own choices, for 2 CPU cores and a 135M model: temperature 0.6 (at 1.0 the warm-started
+model's pass rate is ~10%, at 0.6 ~40%, where GRPO groups carry signal); three problem kinds at the
+model's edge (primes, digit sums, coprime counts: 50-65% greedy after the warm start; shopping totals and
+recurrences stay at 0% and Collatz counts at 100%, so their groups carry no signal); only the top 12 of
+30 layers train (--train-layers; the frozen bottom gets no backward pass); lr 3e-5; 4 prompts x 4
+samples per step in two optimizer steps.
+
+    python train.py                                   # CPU demo, ~20 minutes
     python train.py --model tiny-qwen3 --steps 2      # the smallest end-to-end run
     torchrun --nproc_per_node=4 train.py ...          # one node, FSDP2 over the policy
 
@@ -39,7 +48,7 @@ class Args:
     """where runs are written"""
     seed: int = 0
     """seed for data order, sampling and SAAR draws"""
-    steps: int = 6
+    steps: int = 11
     """number of GRPO steps"""
     resume: bool = False
     """continue the run in out_dir/run from its last checkpoint"""
@@ -49,17 +58,22 @@ class Args:
     warm_start: bool = True
     """run sft.py's cold start first when the model is an offline base model (cached)"""
     # data
-    train_data: str = "synth"
-    """'synth' (generated code-needing problems), 'synth-warmup' (easier ones, as in the cold start), a named set
-    (math_train, aime_train, leetcode_train) or a JSONL path"""
-    eval_data: str = "synth"
-    """held-out problems: 'synth' or 'synth-warmup' (a disjoint seed), a named set or a JSONL path"""
-    eval_size: int = 4
-    """how many held-out problems to evaluate"""
+    train_data: str = "synth-medium:primes,digit_sum,coprime"
+    """generated problems: 'synth-medium' (naive code works, hand work does not), 'synth' (naive code times out),
+    'synth-warmup' (the cold start's easy ones), optionally ':kind,kind' (of data/synth.py's KINDS); or a named set
+    (math_train, aime_train, leetcode_train), a JSONL path"""
+    eval_data: str = "synth-medium:primes,digit_sum,coprime"
+    """held-out problems: a 'synth*' spec as above (from a seed never trained on), a named set or a JSONL path"""
+    eval_size: int = 128
+    """held-out problems, evaluated before the first step and after the last (0: no evaluation)"""
+    eval_every: int = 0
+    """also evaluate every N steps (0: only before the first step and after the last)"""
+    eval_sampled: bool = False
+    """score the held-out set at the rollout temperature too, not only greedy"""
     # rollout
     tool_format: str = "markdown"
     """hermes (Qwen, the paper), markdown (```python blocks, SmolLM2) or none (no-tool baseline)"""
-    prompts_per_step: int = 2
+    prompts_per_step: int = 4
     """prompts per GRPO step (paper: 128)"""
     samples_per_prompt: int = 4
     """rollouts per prompt, the GRPO group (paper: 16)"""
@@ -71,8 +85,8 @@ class Args:
     """cap on one assistant turn (0: the remaining budget, as the paper's code)"""
     max_tool_calls: int = 30
     """tool executions per trajectory, SAAR retries included"""
-    temperature: float = 1.0
-    """rollout temperature"""
+    temperature: float = 0.6
+    """rollout temperature (paper: 1.0; the 135M demo model writes mostly broken code at 1.0)"""
     top_p: float = 1.0
     """rollout top-p"""
     tool_output_chars: int = 256
@@ -108,17 +122,20 @@ class Args:
     """truncation of the per-token importance weight (is_mode=token)"""
     is_gate: float = 0.1
     """keep the error when the sequence-level ratio falls below this (is_mode=gate)"""
-    eval_saar: bool = True
-    """SAAR at test time in the periodic eval (the paper's AIME/GPQA evals ran with it)"""
+    eval_saar: str = "off"
+    """test-time SAAR in the held-out eval: off (the policy's own tool use), on (the paper's evals) or both"""
     # GRPO
-    lr: float = 1e-5
+    lr: float = 3e-5
     """AdamW learning rate (paper: 2e-6 for 4B, 1e-6 for 7B)"""
     warmup_steps: int = 2
     """linear warmup, in optimizer steps (paper: 20)"""
     weight_decay: float = 0.01
     """AdamW weight decay"""
-    mini_batch_prompts: int = 1
+    mini_batch_prompts: int = 2
     """prompts per optimizer step; several per GRPO step (paper: 32 of 128)"""
+    train_layers: int = 12
+    """train only the top N decoder layers and the final norm (0: all, as the paper); the frozen bottom gets no
+    backward pass"""
     max_tokens_per_micro: int = 4096
     """token budget of one micro-batch"""
     packed: bool = True
@@ -168,8 +185,6 @@ class Args:
     """float32, bfloat16 or float16 (the paper's code: float16)"""
     deterministic: bool = False
     """bit-exact runs: one request at a time in the engine, deterministic kernels"""
-    eval_every: int = 3
-    """evaluate every N steps (0: never)"""
     save_every: int = 1
     """checkpoint every N steps"""
     dump_rollouts: int = 4
@@ -202,7 +217,7 @@ def parse_args(cls, argv: list[str] | None = None, description: str = ""):
     return cls(**vars(p.parse_args(argv)))
 
 
-SUMMED = {"loss", "saar_shallow", "saar_deep", "saar_given_up", "saar_answered"}  # per-rank sums
+SUMMED = {"loss", "saar_shallow", "saar_deep", "saar_given_up", "saar_answered", "saar_regen_tokens"}  # per-rank sums
 
 
 def overlong_penalty(length: int, max_len: int, buffer: int, factor: float) -> float:
@@ -214,8 +229,10 @@ def overlong_penalty(length: int, max_len: int, buffer: int, factor: float) -> f
 
 def load_problems(spec: str, *, seed: int, n: int | None):
     from data import problems, synth
-    if spec in ("synth", "synth-warmup"):  # synth-warmup: the easier problems of the cold start
-        return synth.make_problems(n or 4096, seed, difficulty="warmup" if spec == "synth-warmup" else "rl")
+    if spec.split(":")[0] in ("synth", "synth-medium", "synth-warmup"):  # synth[-level][:kind,kind,...]
+        level, _, kinds = spec.partition(":")
+        return synth.make_problems(n or 4096, seed, difficulty={"synth": "rl"}.get(level, level[len("synth-"):]),
+                                   kinds=tuple(kinds.split(",")) if kinds else None)
     if spec in problems.FILES:
         return problems.load_named(spec, limit=n, on_error="skip")
     return problems.load_jsonl(spec, limit=n, on_error="skip")
@@ -278,6 +295,7 @@ def main(args: Args):
         # FSDP2: fp32 master weights and optimizer state, compute in --dtype, gradients reduced in fp32
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
         policy = models.load_model(model_path, dtype=torch.float32).to("cpu" if args.offload else device)
+        grpo.freeze_below(policy, args.train_layers)
         kw = dict(mp_policy=MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32))
         if args.offload:
             kw["offload_policy"] = CPUOffloadPolicy()
@@ -286,6 +304,7 @@ def main(args: Args):
         fully_shard(policy, **kw)
     else:  # one process: the weights live in --dtype (use torchrun, even with one GPU, for fp32 masters)
         policy = models.load_model(model_path, dtype=dtype).to(device)
+        grpo.freeze_below(policy, args.train_layers)
     # Which engine, in one visible place. On one process the HF engine reads the policy's own weights (no
     # copy, no sync); under FSDP it needs whole weights, so it gets its own copy, refreshed after each
     # update. SGLang (colocated, one engine per rank) holds its own weights and frees its memory during
@@ -334,6 +353,14 @@ def main(args: Args):
 
     # ------------------------------------------------------------------ the loop
     loop = asyncio.new_event_loop()
+    if args.eval_size and start_step == 0 and args.steps > 0:  # the held-out baseline, before any update
+        t0 = time.perf_counter()
+        ev, per_problem = _evaluate(loop, eng, sandbox, tokenizer, eval_set, args, saar_cfg, roll_kw, rank, world)
+        ev.update(step=0, t_eval=time.perf_counter() - t0)
+        if master:
+            _save_eval(out, 0, per_problem)
+            log("eval step 0 | " + _format_eval(ev))
+            writer(ev)
     for step in range(start_step, args.steps):
         t = {}
         # ---------------------------------------------------------- rollout
@@ -386,10 +413,14 @@ def main(args: Args):
         # ---------------------------------------------------------- update
         t0 = time.perf_counter()
         # the paper's code recomputes old log-probs on the final (purified) tokens; every log-prob of the
-        # update is taken under the distribution the rollout sampled from, softmax(logits / temperature)
+        # update is taken under the distribution the rollout sampled from, softmax(logits / temperature).
+        # The first mini-batch's come from the update's own forward pass (the policy has not moved yet there),
+        # so only the later mini-batches need this pass: none when a step is one optimizer step
         logp_kw = dict(max_tokens_per_micro=args.max_tokens_per_micro, temperature=args.temperature)
-        for b, lp in zip(batch, grpo.compute_old_logprobs(policy, batch, **logp_kw)):
-            b.old_logp = lp
+        mbs = args.mini_batch_prompts * args.samples_per_prompt // world
+        if len(batch) > mbs:
+            for b, lp in zip(batch[mbs:], grpo.compute_old_logprobs(policy, batch[mbs:], **logp_kw)):
+                b.old_logp = lp
         if ref is not None:
             for b, lp in zip(batch, grpo.compute_old_logprobs(ref, batch, **logp_kw)):
                 b.ref_logp = lp
@@ -398,8 +429,7 @@ def main(args: Args):
         if args.engine == "sglang":
             eng.release_memory()  # colocated: give the engine's GPU memory to the update
         try:
-            stats = grpo.update(policy, optimizer, scheduler, batch,
-                                mini_batch_size=args.mini_batch_prompts * args.samples_per_prompt // world,
+            stats = grpo.update(policy, optimizer, scheduler, batch, mini_batch_size=mbs,
                                 max_tokens_per_micro=args.max_tokens_per_micro, grad_clip=args.grad_clip,
                                 agg=args.agg, max_len=args.max_response_tokens, clip_low=args.clip_low,
                                 clip_high=args.clip_high, dual_clip_c=args.dual_clip_c or None,
@@ -427,12 +457,16 @@ def main(args: Args):
         if ddp:  # log the whole batch: losses and event counts add up over ranks, the rest are rank means
             parts = [None] * world
             dist.all_gather_object(parts, m)
-            m = {k: sum(p[k] for p in parts) / (1 if k in SUMMED else world) for k in m}
+            m = {k: ([x for p in parts for x in p[k]] if isinstance(m[k], list) else
+                     sum(p[k] for p in parts) / (1 if k in SUMMED else world)) for k in m}
         m["step"] = step + 1
-        if args.eval_every and (step + 1) % args.eval_every == 0:
+        if args.eval_size and ((args.eval_every and (step + 1) % args.eval_every == 0) or step + 1 == args.steps):
             t0 = time.perf_counter()
-            m.update(_evaluate(loop, eng, sandbox, tokenizer, eval_set, args, saar_cfg, roll_kw, rank, world))
+            ev, per_problem = _evaluate(loop, eng, sandbox, tokenizer, eval_set, args, saar_cfg, roll_kw, rank, world)
+            m.update(ev)
             m["t_eval"] = time.perf_counter() - t0
+            if master:
+                _save_eval(out, step + 1, per_problem)
         if master:
             log(_format_line(m))
             writer(m)
@@ -442,6 +476,9 @@ def main(args: Args):
             _save_checkpoint(ckpt_path, policy, optimizer, scheduler, scaler, step + 1, master)
     if args.steps > start_step:
         _save_hf(os.path.join(out, "hf"), policy, tokenizer, master)
+    if master and args.eval_size:
+        for line in _summary(out, args.steps):  # the held-out gain, start vs end, with its paired 95% CI
+            log(line)
     sandbox.close()
     eng.shutdown()
     loop.close()
@@ -453,37 +490,102 @@ def main(args: Args):
 # ---------------------------------------------------------------------- helpers of the loop
 
 def _evaluate(loop, eng, sandbox, tokenizer, problems, args, saar_cfg, roll_kw, rank, world):
-    """Held-out accuracy, greedy and sampled (SAAR at test time as args.eval_saar says)."""
+    """Held-out accuracy: greedy, and at the rollout temperature with --eval-sampled; test-time SAAR off, on or
+    both (--eval-saar). Returns (metrics, per-problem records of this evaluation, every rank's)."""
     import rollout
     import reward
+    import saar
     import torch.distributed as dist
+    if args.eval_saar not in ("off", "on", "both"):
+        raise SystemExit(f"--eval-saar must be off, on or both, got {args.eval_saar!r}")
+    cfg = saar_cfg or saar.SaarConfig(gamma=args.gamma, max_retries=args.max_retries, sim_on=args.sim_on)
     mine = problems[rank::world]
-    out = {}
+    out, records = {}, []
     prompts = [rollout.prompt_ids(tokenizer, p.problem, p.task, args.tool_format) for p in mine]
-    for name, temp in (("greedy", 0.0), ("sampled", args.temperature)):
+    temps = [("greedy", 0.0)] + ([("sampled", args.temperature)] if args.eval_sampled else [])
+    modes = {"off": [("", None)], "on": [("", cfg)], "both": [("", None), ("_saar", cfg)]}[args.eval_saar]
+    for (name, temp), (suffix, mode_cfg) in ((t, m) for t in temps for m in modes):
         trajs = loop.run_until_complete(rollout.rollout_batch(
             eng, sandbox, tokenizer, prompts, seeds=list(range(len(prompts))), temperature=temp, top_p=args.top_p,
-            saar_cfg=saar_cfg if args.eval_saar else None, saar_p=1.0, **roll_kw))
-        ok = [reward.grade(p.task, tr.final_text(tokenizer), answer=p.answer, tests=p.tests, sandbox=sandbox)
-              for p, tr in zip(mine, trajs)]
-        n_ok, n = sum(ok), len(ok)
+            saar_cfg=mode_cfg, saar_p=1.0, **roll_kw))
+        rows = [dict(id=p.id, ok=bool(reward.grade(p.task, tr.final_text(tokenizer), answer=p.answer, tests=p.tests,
+                                                   sandbox=sandbox)),
+                     calls=tr.num_first_calls, errors=tr.num_first_errors) for p, tr in zip(mine, trajs)]
         if world > 1:
-            both = [None] * world
-            dist.all_gather_object(both, (n_ok, n))
-            n_ok, n = sum(b[0] for b in both), sum(b[1] for b in both)
-        out[f"eval_{name}_acc"] = n_ok / max(1, n)
-    return out
+            parts = [None] * world
+            dist.all_gather_object(parts, rows)
+            rows = [r for part in parts for r in part]
+        key = f"eval_{name}{suffix}"
+        calls = sum(r["calls"] for r in rows)
+        out[f"{key}_acc"] = sum(r["ok"] for r in rows) / max(1, len(rows))
+        out[f"{key}_tool_err"] = sum(r["errors"] for r in rows) / max(1, calls)  # first attempts, SAAR's excluded
+        out[f"{key}_tool_calls"] = calls / max(1, len(rows))
+        records += [dict(r, eval=key) for r in rows]
+    return out, records
+
+
+def _save_eval(out: str, step: int, records: list[dict]):
+    with open(os.path.join(out, f"eval_step{step:06d}.jsonl"), "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+
+
+def _format_eval(m: dict) -> str:
+    keys = sorted(k[:-4] for k in m if k.startswith("eval_") and k.endswith("_acc"))
+    return " | ".join(f"{k[5:]} acc {m[k + '_acc']:.3f} tool_err {m[k + '_tool_err']:.2f}" for k in keys)
+
+
+def paired_ci(before: list[bool], after: list[bool], z: float = 1.96) -> tuple[float, float, float]:
+    """Mean of after - before over the same problems, and its normal-approximation 95% CI (paired)."""
+    d = [float(a) - float(b) for a, b in zip(after, before)]
+    n = len(d)
+    if n == 0:
+        return 0.0, 0.0, 0.0
+    mean = sum(d) / n
+    sd = (sum((x - mean) ** 2 for x in d) / max(1, n - 1)) ** 0.5
+    half = z * sd / n ** 0.5
+    return mean, mean - half, mean + half
+
+
+def _summary(out: str, last_step: int) -> list[str]:
+    """One line per evaluation kind: held-out accuracy before the first step and after the last, the gain with
+    its paired 95% CI, and first-attempt tool errors per call. Also written to summary.json."""
+    paths = [os.path.join(out, f"eval_step{s:06d}.jsonl") for s in (0, last_step)]
+    if last_step == 0 or not all(os.path.exists(p) for p in paths):
+        return []
+    first, last = ([json.loads(x) for x in open(p)] for p in paths)
+    lines, summary = [], {}
+    for key in dict.fromkeys(r["eval"] for r in first):
+        a = {r["id"]: r for r in first if r["eval"] == key}
+        b = {r["id"]: r for r in last if r["eval"] == key}
+        ids = [i for i in a if i in b]
+        acc0, acc1 = (sum(d[i]["ok"] for i in ids) / max(1, len(ids)) for d in (a, b))
+        err0, err1 = (sum(d[i]["errors"] for i in ids) / max(1, sum(d[i]["calls"] for i in ids)) for d in (a, b))
+        gain, lo, hi = paired_ci([a[i]["ok"] for i in ids], [b[i]["ok"] for i in ids])
+        how = key[len("eval_"):].replace("_saar", ", test-time SAAR")
+        lines.append(f"held-out accuracy {acc0:.2f} -> {acc1:.2f} ({100 * gain:+.0f} pts, 95% CI {100 * lo:+.0f}.."
+                     f"{100 * hi:+.0f}, {len(ids)} problems, {how}); tool errors per call {err0:.2f} -> {err1:.2f}")
+        summary[key] = dict(acc_start=acc0, acc_end=acc1, gain=gain, ci_low=lo, ci_high=hi, n=len(ids),
+                            tool_err_start=err0, tool_err_end=err1, step=last_step)
+    with open(os.path.join(out, "summary.json"), "w") as f:
+        json.dump(dict(summary, lines=lines), f, indent=1)
+    return lines
 
 
 def _step_metrics(trajs, rewards, correct, adv_stats, stats, t) -> dict:
     n = max(1, len(trajs))
     calls = sum(tr.num_tool_calls for tr in trajs)
-    ev = [e["kind"] for tr in trajs for e in tr.saar_events]
+    events = [e for tr in trajs for e in tr.saar_events]
+    ev = [e["kind"] for e in events]
     m = dict(reward=sum(rewards) / n, acc=sum(correct) / n, tool_calls=calls / n,
              tool_err=sum(tr.num_tool_errors for tr in trajs) / max(1, calls),
              saar_shallow=ev.count("shallow"), saar_deep=ev.count("deep"), saar_given_up=ev.count("given_up"),
              saar_answered=ev.count("answered"), resp_len=sum(len(tr.response_ids) for tr in trajs) / n,
-             truncated=sum(tr.truncated for tr in trajs) / n, zero_adv_groups=adv_stats["zero_adv_groups"])
+             truncated=sum(tr.truncated for tr in trajs) / n, zero_adv_groups=adv_stats["zero_adv_groups"],
+             # the policy's own error rate: first attempts only, before SAAR re-executes anything
+             first_tool_err=sum(tr.num_first_errors for tr in trajs) / max(1, sum(tr.num_first_calls for tr in trajs)),
+             saar_regen_tokens=sum(e.get("regen_tokens", 0) for e in events),
+             saar_similarity=[round(e["similarity"], 4) for e in events
+                              if e.get("similarity") is not None and e["similarity"] == e["similarity"]])
     m.update({k: v for k, v in stats.items() if isinstance(v, (int, float))})
     m.update({f"t_{k}": v for k, v in t.items()})
     return m
@@ -496,13 +598,15 @@ def _format_line(m: dict) -> str:
          f"old_logp {m['t_old_logp']:.1f}s update {m['t_update']:.1f}s sync {m['t_sync']:.2f}s")
     if m.get("skipped_steps"):
         s += f" | fp16 overflow: {m['skipped_steps']} mini-batch(es) skipped, loss scale now {m['loss_scale']:g}"
+    s += f" | first_err {m['first_tool_err']:.2f}"
     if "eval_greedy_acc" in m:
-        s += f" | eval greedy {m['eval_greedy_acc']:.3f} sampled {m['eval_sampled_acc']:.3f}"
+        s += " | eval " + _format_eval(m)
     return s
 
 
 def _metric_writers(out: str, args: Args):
     """metrics.jsonl always, TensorBoard scalars, wandb only when a project is named."""
+    import numpy as np
     from torch.utils.tensorboard import SummaryWriter
     tb = SummaryWriter(os.path.join(out, "tb"))
     wb = None
@@ -516,6 +620,8 @@ def _metric_writers(out: str, args: Args):
         for k, v in m.items():
             if isinstance(v, (int, float)) and k != "step":
                 tb.add_scalar(k, v, m["step"])
+            elif isinstance(v, list) and v:  # the SAAR similarity histogram
+                tb.add_histogram(k, np.asarray(v, dtype=np.float64), m["step"], bins=np.linspace(0, 1, 21))
         tb.flush()
         if wb is not None:
             wb.log(m, step=m["step"])

@@ -394,23 +394,29 @@ LEVELS = ("warmup", "medium", "rl")  # easy enough to do by hand / naive code wo
 KINDS = ("primes", "digit_sum", "recurrence", "shopping", "collatz", "coprime")  # same order as above
 
 
-def make_problems(n: int, seed: int, difficulty: str = "rl") -> list[Problem]:
-    """n seeded problems; kinds cycle so any 6 consecutive problems cover every kind.
+def make_problems(n: int, seed: int, difficulty: str = "rl", kinds: tuple[str, ...] | None = None) -> list[Problem]:
+    """n seeded problems; kinds cycle so any len(kinds) consecutive problems cover every kind (all six by default).
 
     Each problem gets its own RNG keyed by (difficulty, seed, index), so make_problems(k, s) is a
-    prefix of make_problems(n, s) for k <= n, and warm-up and RL sets never share a stream.
+    prefix of make_problems(n, s) for k <= n, and warm-up and RL sets never share a stream. A subset of
+    kinds keeps the same keys, with the index counted within the subset's own cycle.
     """
     if difficulty not in LEVELS:
         raise ValueError(f"difficulty must be one of {LEVELS}, got {difficulty!r}")
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
-    offset = random.Random(f"synth:{difficulty}:{seed}").randrange(len(_GENERATORS))
+    unknown = sorted(set(kinds or ()) - set(KINDS))
+    if unknown or (kinds is not None and not kinds):
+        raise ValueError(f"unknown problem kinds {unknown or '(none given)'}; choose from {KINDS}")
+    gens = _GENERATORS if kinds is None else tuple(_GENERATORS[KINDS.index(k)] for k in kinds)
+    tag = "" if kinds is None else ":" + ",".join(kinds)
+    offset = random.Random(f"synth:{difficulty}:{seed}").randrange(len(gens))
     out = []
     for i in range(n):
-        rng = random.Random(f"synth:{difficulty}:{seed}:{i}")  # str seeds hash deterministically (sha512)
-        kind, text, answer, params, code = _GENERATORS[(offset + i) % len(_GENERATORS)](rng, difficulty)
+        rng = random.Random(f"synth:{difficulty}:{seed}{tag}:{i}")  # str seeds hash deterministically (sha512)
+        kind, text, answer, params, code = gens[(offset + i) % len(gens)](rng, difficulty)
         meta = {"kind": kind, "difficulty": difficulty, "params": params, "reference_code": code}
-        out.append(Problem(id=f"synth-{difficulty}-{seed}-{i}", problem=text, answer=str(answer),
+        out.append(Problem(id=f"synth-{difficulty}-{seed}{tag}-{i}", problem=text, answer=str(answer),
                            task="math", tests=None, meta=meta))
     return out
 

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # over all of it, lengths and thus rewards differ within groups and the advantages are not zero.
 ARGS = ["--model", "tiny-bytes", "--no-warm-start", "--tool-format", "markdown", "--steps", "2",
         "--prompts-per-step", "4", "--samples-per-prompt", "4", "--mini-batch-prompts", "2",
-        "--max-response-tokens", "160", "--overlong-buffer", "160", "--eval-every", "0", "--deterministic",
+        "--max-response-tokens", "160", "--overlong-buffer", "160", "--eval-size", "0", "--deterministic",
         "--lr", "1e-3", "--sandbox-slots", "1", "--temperature", "1.5"]
 
 

@@ -254,7 +254,7 @@ def test_update_weights_on_cuda_switches_the_engine_to_the_new_model(model_name)
 def test_train_two_steps_on_cuda(model_name, tmp_path, dtype):
     cmd = [sys.executable, "train.py", "--model", model_name, "--no-warm-start", "--tool-format", "hermes",
            "--steps", "2", "--device", "cuda", "--prompts-per-step", "2", "--samples-per-prompt", "2",
-           "--mini-batch-prompts", "1", "--max-response-tokens", "32", "--eval-every", "0",
+           "--mini-batch-prompts", "1", "--max-response-tokens", "32", "--eval-size", "0",
            "--out-dir", str(tmp_path), "--run-name", "gpu", "--dtype", dtype]
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)

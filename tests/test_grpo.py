@@ -493,3 +493,44 @@ def test_two_fsdp2_ranks_equal_one_process(tmp_path):
     assert got["grad_norm"] == pytest.approx(st["grad_norm"], rel=1e-4)
     for n, p in model.named_parameters():
         assert torch.allclose(torch.tensor(got["params"][n]), p.detach(), atol=1e-6), n
+
+
+def test_first_mini_batch_old_logp_from_the_update_pass_is_exact():
+    """Old log-probs left out of the first mini-batch come from the update's own forward pass: the same
+    weights as with compute_old_logprobs; outside the first mini-batch they are refused."""
+    def run(fill: str):
+        model = tiny_model(seed=5)
+        opt, sched = torch.optim.SGD(model.parameters(), lr=0.1), None  # Adam's first step is ~sign(g): too touchy
+        batch = make_batch([20, 15, 30, 12, 9, 14], seed=2)
+        for t in batch:
+            t.old_logp = None
+        todo = batch if fill == "all" else batch[3:]
+        for t, lp in zip(todo, grpo.compute_old_logprobs(model, todo, max_tokens_per_micro=64)):
+            t.old_logp = lp
+        st = grpo.update(model, opt, sched, batch, mini_batch_size=3, max_tokens_per_micro=64)
+        return _params(model), st
+    ref, st_ref = run("all")
+    fused, st = run("later")
+    assert st["n_mini_batches"] == 2 and st["ppo_kl"] == pytest.approx(st_ref["ppo_kl"], abs=1e-6)
+    assert all(torch.allclose(p, ref[n], atol=1e-6) for n, p in fused.items())
+    model = tiny_model()
+    opt, sched = grpo.make_optimizer(model, lr=1e-3)
+    batch = make_batch([10, 10, 10])
+    batch[2].old_logp = None
+    with pytest.raises(ValueError, match="trajectory 2: old_logp is missing outside the first mini-batch"):
+        grpo.update(model, opt, sched, batch, mini_batch_size=2, max_tokens_per_micro=64)
+
+
+def test_freeze_below_trains_only_the_top_layers():
+    model = tiny_model(seed=1)
+    grpo.freeze_below(model, 1)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all(n.startswith(("model.layers.1.", "model.norm.")) for n in trainable)
+    before = _params(model)
+    opt, sched = grpo.make_optimizer(model, lr=1e-2, warmup_steps=1)
+    grpo.update(model, opt, sched, make_batch([12, 16, 9, 20]), mini_batch_size=4, max_tokens_per_micro=64)
+    after = _params(model)
+    changed = {n for n in after if not torch.equal(after[n], before[n])}
+    assert changed and changed <= trainable and "model.layers.1.mlp.up_proj.weight" in changed
+    grpo.freeze_below(model, 0)
+    assert all(p.requires_grad for p in model.parameters())

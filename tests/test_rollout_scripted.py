@@ -132,6 +132,7 @@ def test_error_fix_success_is_purified(tok, sb):
     assert [m for m, _ in segments(traj)] == [1, 0, 1]
     assert len(traj.loss_mask) == len(traj.response_ids) == len(traj.logprobs)
     assert traj.num_tool_calls == 2 and traj.num_tool_errors == 1
+    assert traj.num_first_calls == 1 and traj.num_first_errors == 1  # the re-execution is SAAR's, not a first try
     assert len(traj.turns) == 1 and traj.turns[0]["ok"]
 
 
@@ -146,6 +147,7 @@ def test_three_failures_give_up_and_keep_error(tok, sb):
     # SAAR is off afterwards: the next failure stays in context, unrolled
     assert "also_undefined" in traj.text and traj.text.count("NameError") == 2
     assert traj.num_tool_calls == 5 and not traj.saar_events[-1]["similarity"]
+    assert traj.num_first_calls == 2 and traj.num_first_errors == 2  # the first call and the one after giving up
     assert [m for m, _ in segments(traj)] == [1, 0, 1, 0, 1]
 
 

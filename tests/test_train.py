@@ -16,7 +16,7 @@ import train
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--model", "tiny-qwen3", "--no-warm-start", "--tool-format", "hermes", "--prompts-per-step", "2",
          "--samples-per-prompt", "2", "--mini-batch-prompts", "1", "--max-response-tokens", "24",
-         "--overlong-buffer", "8", "--eval-every", "0", "--dump-rollouts", "2", "--deterministic", "--lr", "1e-3",
+         "--overlong-buffer", "8", "--eval-size", "0", "--dump-rollouts", "2", "--deterministic", "--lr", "1e-3",
          "--sandbox-slots", "1", "--seed", "3"]
 
 
@@ -121,3 +121,34 @@ def test_synth_problem_specs():
     rl, warm = (train.load_problems(s, seed=0, n=6) for s in ("synth", "synth-warmup"))
     assert {p.meta["difficulty"] for p in rl} == {"rl"} and {p.meta["difficulty"] for p in warm} == {"warmup"}
     assert len(rl) == len(warm) == 6 and {p.meta["kind"] for p in warm} == {p.meta["kind"] for p in rl}
+
+
+def test_paired_ci():
+    # 20 problems: 6 gained, 1 lost, 13 unchanged -> +25 pts; sd of d over n-1
+    before = [False] * 6 + [True] + [True] * 5 + [False] * 8
+    after = [True] * 6 + [False] + [True] * 5 + [False] * 8
+    mean, lo, hi = train.paired_ci(before, after)
+    d = [1.0] * 6 + [-1.0] + [0.0] * 13
+    sd = (sum((x - 0.25) ** 2 for x in d) / 19) ** 0.5
+    assert mean == pytest.approx(0.25) and hi - mean == pytest.approx(mean - lo) == pytest.approx(1.96 * sd / 20 ** 0.5)
+    assert train.paired_ci([True] * 5, [True] * 5) == (0.0, 0.0, 0.0)
+
+
+def test_held_out_eval_before_and_after_with_summary(tmp_path):
+    """--eval-size N: the held-out set is scored before the first step and after the last, per problem, and the
+    run ends with the gain line (both test-time SAAR modes with --eval-saar both)."""
+    run = subprocess.run([sys.executable, "train.py", *SMALL, "--out-dir", str(tmp_path), "--run-name", "ev",
+                          "--steps", "1", "--eval-size", "3", "--eval-saar", "both"],
+                         cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    folder = tmp_path / "ev"
+    rows = {s: [json.loads(x) for x in (folder / f"eval_step{s:06d}.jsonl").read_text().splitlines()] for s in (0, 1)}
+    assert [len(r) for r in rows.values()] == [6, 6]  # 3 problems x (SAAR off, SAAR on)
+    assert {r["eval"] for r in rows[0]} == {"eval_greedy", "eval_greedy_saar"}
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["eval_greedy"]["n"] == 3 and len(summary["lines"]) == 2
+    assert summary["lines"][0].startswith("held-out accuracy ") and "95% CI" in summary["lines"][0]
+    assert summary["lines"][0] in run.stdout
+    m = metrics(folder)
+    assert "eval_greedy_acc" in m[0] and "eval_greedy_saar_acc" in m[1] and "first_tool_err" in m[1]

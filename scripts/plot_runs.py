@@ -1,0 +1,139 @@
+"""Curves and a table from train.py run folders: each seed a thin line, each arm's mean a thick one.
+
+An arm is a run's name without its trailing `-s<seed>` (saar-on-s0, saar-on-s1 -> arm saar-on). Reads only
+what train.py wrote: metrics.jsonl (one line per step, step 0 is the held-out baseline) and summary.json.
+
+    python scripts/plot_runs.py out/saar-on-s0 out/saar-on-s1 out/saar-off-s0 out/saar-off-s1 --out docs/img
+
+Writes one PNG per figure into --out and prints a markdown table of final figures (mean +- std over seeds).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+from collections import defaultdict
+
+# (metrics.jsonl key, title, y label); eval keys exist only on evaluated steps
+FIGURES = [
+    ("reward", "training reward", "mean reward per trajectory"),
+    ("eval_greedy_acc", "held-out accuracy (greedy, test-time SAAR off)", "accuracy"),
+    ("eval_greedy_saar_acc", "held-out accuracy (greedy, test-time SAAR on)", "accuracy"),
+    ("first_tool_err", "tool-error rate of first attempts (before SAAR)", "failed / first-attempt calls"),
+    ("tool_calls", "tool calls per trajectory", "executions per trajectory"),
+    ("resp_len", "response length", "tokens"),
+]
+
+
+def arm_of(run: str) -> str:
+    return re.sub(r"-s\d+$", "", os.path.basename(os.path.normpath(run)))
+
+
+def read_metrics(run: str) -> list[dict]:
+    path = os.path.join(run, "metrics.jsonl")
+    if not os.path.exists(path):
+        raise SystemExit(f"{run}: no metrics.jsonl (is this a train.py run folder?)")
+    rows = {}
+    with open(path) as f:
+        for i, line in enumerate(f, 1):
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:
+                print(f"{path}:{i}: not JSON, skipped (a run killed mid-write?)")
+                continue
+            rows[r["step"]] = {**rows.get(r["step"], {}), **r}  # step 0 (eval) and a resumed step merge
+    return [rows[k] for k in sorted(rows)]
+
+
+def series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
+    pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def plot(runs_by_arm: dict[str, list[str]], metrics: dict[str, list[dict]], out: str) -> list[str]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    os.makedirs(out, exist_ok=True)
+    written = []
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for key, title, ylabel in FIGURES:
+        if not any(series(metrics[r], key)[0] for runs in runs_by_arm.values() for r in runs):
+            continue
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for c, (arm, runs) in zip(colors, runs_by_arm.items()):
+            per_step = defaultdict(list)
+            for r in runs:
+                xs, ys = series(metrics[r], key)
+                ax.plot(xs, ys, color=c, lw=0.8, alpha=0.45, marker="o" if len(xs) < 4 else None, ms=3)
+                for x, y in zip(xs, ys):
+                    per_step[x].append(y)
+            xs = sorted(x for x, v in per_step.items() if len(v) == len(runs))  # the mean where every seed has a point
+            ax.plot(xs, [statistics.mean(per_step[x]) for x in xs], color=c, lw=2.5, label=f"{arm} (n={len(runs)})",
+                    marker="o" if len(xs) < 4 else None)
+        ax.set(title=title, xlabel="GRPO step", ylabel=ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        path = os.path.join(out, f"{key}.png")
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def table(runs_by_arm: dict[str, list[str]], metrics: dict[str, list[dict]]) -> str:
+    """Final figures per arm, mean +- std over seeds: held-out (last evaluation) and training (last third of steps)."""
+    def last(rows, key):
+        vals = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
+        return vals[-1] if vals else None
+
+    def last_third(rows, key):
+        vals = [r[key] for r in rows if r["step"] > 0 and isinstance(r.get(key), (int, float))]
+        vals = vals[len(vals) - max(1, len(vals) // 3):]
+        return statistics.mean(vals) if vals else None
+
+    cols = [("held-out acc, SAAR off", last, "eval_greedy_acc"), ("held-out acc, SAAR on", last, "eval_greedy_saar_acc"),
+            ("held-out first-attempt tool err", last, "eval_greedy_tool_err"),
+            ("train reward (last third)", last_third, "reward"),
+            ("train first-attempt tool err (last third)", last_third, "first_tool_err"),
+            ("tool calls / traj (last third)", last_third, "tool_calls"),
+            ("response length (last third)", last_third, "resp_len")]
+    lines = ["| arm | seeds | " + " | ".join(c[0] for c in cols) + " |", "|---|---|" + "---|" * len(cols)]
+    for arm, runs in runs_by_arm.items():
+        cells = []
+        for _, fn, key in cols:
+            vals = [v for v in (fn(metrics[r], key) for r in runs) if v is not None]
+            if not vals:
+                cells.append("-")
+            else:
+                sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
+                cells.append(f"{statistics.mean(vals):.3f} ± {sd:.3f}")
+        lines.append(f"| {arm} | {len(runs)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("runs", nargs="+", help="train.py run folders (out/<run>)")
+    p.add_argument("--out", default="docs/img", help="folder for the PNGs")
+    a = p.parse_args()
+    runs_by_arm: dict[str, list[str]] = defaultdict(list)
+    for r in a.runs:
+        runs_by_arm[arm_of(r)].append(r)
+    metrics = {r: read_metrics(r) for r in a.runs}
+    for path in plot(runs_by_arm, metrics, a.out):
+        print(f"wrote {path}")
+    print(table(runs_by_arm, metrics))
+    for arm, runs in runs_by_arm.items():
+        for r in runs:
+            s = os.path.join(r, "summary.json")
+            if os.path.exists(s):
+                for line in json.load(open(s)).get("lines", []):
+                    print(f"{os.path.basename(os.path.normpath(r))}: {line}")
+
+
+if __name__ == "__main__":
+    main()
