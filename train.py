@@ -566,6 +566,18 @@ def _summary(out: str, last_step: int) -> list[str]:
                      f"{100 * hi:+.0f}, {len(ids)} problems, {how}); tool errors per call {err0:.2f} -> {err1:.2f}")
         summary[key] = dict(acc_start=acc0, acc_end=acc1, gain=gain, ci_low=lo, ci_high=hi, n=len(ids),
                             tool_err_start=err0, tool_err_end=err1, step=last_step)
+    steps = {}
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        for line in f:
+            r = json.loads(line)
+            if r.get("step", 0) > 0 and "reward" in r:
+                steps[r["step"]] = r["reward"]  # a step repeated by --resume keeps its last line
+    rewards = [steps[k] for k in sorted(steps)]
+    if len(rewards) >= 3:
+        k = len(rewards) // 3
+        first, last = sum(rewards[:k]) / k, sum(rewards[-k:]) / k
+        lines.append(f"training reward, mean of the first {k} steps {first:+.3f} -> of the last {k} {last:+.3f}")
+        summary["train_reward"] = dict(first_third=first, last_third=last, steps=len(rewards))
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(dict(summary, lines=lines), f, indent=1)
     return lines

@@ -83,8 +83,8 @@ def test_a_nonfinite_update_keeps_the_weights_saves_and_stops(tmp_path, monkeypa
     def poisoned(model, optimizer, scheduler, batch, **kw):
         calls.append(len(batch))
         if len(calls) == 2:
-            t = batch[0]
-            vals = list(t.old_logp)
+            t = batch[0]  # in the first mini-batch, whose old log-probs the update takes from its own pass
+            vals = list(t.old_logp) if t.old_logp is not None else [0.0] * len(t.input_ids)
             vals[t.loss_mask.index(1)] = float("nan")
             t.old_logp = vals
         return real(model, optimizer, scheduler, batch, **kw)
