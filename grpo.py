@@ -509,19 +509,20 @@ def loss_normaliser(mini_batch: Sequence[Trajectory], agg: str, device: torch.de
 
 
 def freeze_below(model: torch.nn.Module, train_layers: int) -> None:
-    """Train only the top `train_layers` decoder layers and the final norm (0, or more than the model has:
-    everything in the layers trains).
+    """Train only the top `train_layers` decoder layers and the final norm (0, or at least as many as the model
+    has: everything trains, embeddings included).
 
     The frozen bottom gets no backward pass at all (its outputs need no grad), so a step costs about
     forward + 2 x (share trained) forwards; the optimizer must be built after this, on the trainable params.
     """
-    model.requires_grad_(train_layers <= 0)
-    if train_layers <= 0:
-        return
     decoder = model.get_decoder()
-    if not hasattr(decoder, "layers") or not hasattr(decoder, "norm"):
+    if train_layers > 0 and (not hasattr(decoder, "layers") or not hasattr(decoder, "norm")):
         raise ValueError(f"train_layers={train_layers}: {type(model).__name__} has no decoder .layers/.norm; "
                          "use train_layers=0")
+    every = train_layers <= 0 or train_layers >= len(decoder.layers)
+    model.requires_grad_(every)
+    if every:
+        return
     for layer in decoder.layers[-train_layers:]:
         layer.requires_grad_(True)
     decoder.norm.requires_grad_(True)

@@ -6,10 +6,10 @@ cd "$(dirname "$0")/.."
 NPROC=${NPROC:-4}
 torchrun --nproc_per_node="$NPROC" train.py \
   --run-name qwen3-4b-cleaner --model Gen-Verse/Qwen3-4B-RA-SFT --tool-format hermes \
-  --train-data data_cache/open_agentrl_30k.jsonl --eval-data aime25 --eval-size 30 --eval-saar on \
+  --train-data data_cache/open_agentrl_30k.jsonl --eval-data aime25 --eval-size 30 --eval-saar on --eval-sampled \
   --prompts-per-step 128 --samples-per-prompt 16 --mini-batch-prompts 32 \
   --max-turns 16 --max-response-tokens 20480 --overlong-buffer 4096 --overlong-penalty 1.0 \
-  --temperature 1.0 --top-p 1.0 --lr 2e-6 --warmup-steps 20 --weight-decay 0.01 \
+  --temperature 1.0 --top-p 1.0 --lr 2e-6 --warmup-steps 20 --weight-decay 0.01 --train-layers 0 \
   --clip-low 0.2 --clip-high 0.28 --dual-clip-c 10 --agg token-mean --kl-coef 0 \
   --saar --rollback-p 1.0 --gamma 0.5 --max-retries 3 --max-tool-calls 30 --tool-output-chars 256 \
   --tool-timeout-s 4 --sandbox-slots 16 --max-tokens-per-micro 23040 --gradient-checkpointing \
