@@ -14,3 +14,13 @@ def shared_data() -> Path:
     if not SHARED_DATA.exists():
         pytest.skip(f"real problem sets not found at {SHARED_DATA}")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models are all small ops: one torch thread is as fast, and far steadier on a busy machine."""
+    import torch
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

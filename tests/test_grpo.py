@@ -22,13 +22,7 @@ from grpo import NonFiniteLossError, Trajectory  # noqa: E402
 V = 300
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Tiny models are all small ops: one thread is as fast, and far steadier on a busy machine.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def tiny_model(kind="qwen2", attn="sdpa", seed=0, tie=False):

@@ -36,13 +36,7 @@ from fakes import ScriptedEngine
 from sandbox import Sandbox
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Tiny models are all small ops: one thread is as fast, and far steadier on a busy machine.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 # ----------------------------------------------------------------------------- 1. learning
