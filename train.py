@@ -269,6 +269,8 @@ def main(args: Args):
     if args.prompts_per_step % args.mini_batch_prompts or args.mini_batch_prompts % world:
         raise SystemExit(f"prompts_per_step ({args.prompts_per_step}) must divide by mini_batch_prompts "
                          f"({args.mini_batch_prompts}), and that by the world size ({world})")
+    if args.eval_saar not in ("off", "on", "both"):
+        raise SystemExit(f"--eval-saar must be off, on or both, got {args.eval_saar!r}")
     if args.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
     run_name = args.run_name or time.strftime("run-%Y%m%d-%H%M%S")
@@ -353,14 +355,12 @@ def main(args: Args):
 
     # ------------------------------------------------------------------ the loop
     loop = asyncio.new_event_loop()
+    eval_kw = dict(out_dir=out if master else None, saar_cfg=saar_cfg, roll_kw=roll_kw, rank=rank, world=world)
     if args.eval_size and start_step == 0 and args.steps > 0:  # the held-out baseline, before any update
-        t0 = time.perf_counter()
-        ev, per_problem = _evaluate(loop, eng, sandbox, tokenizer, eval_set, args, saar_cfg, roll_kw, rank, world)
-        ev.update(step=0, t_eval=time.perf_counter() - t0)
+        ev = _evaluate(loop, eng, sandbox, tokenizer, eval_set, args, step=0, **eval_kw)
         if master:
-            _save_eval(out, 0, per_problem)
             log("eval step 0 | " + _format_eval(ev))
-            writer(ev)
+            writer(dict(ev, step=0))
     for step in range(start_step, args.steps):
         t = {}
         # ---------------------------------------------------------- rollout
@@ -461,12 +461,7 @@ def main(args: Args):
                      sum(p[k] for p in parts) / (1 if k in SUMMED else world)) for k in m}
         m["step"] = step + 1
         if args.eval_size and ((args.eval_every and (step + 1) % args.eval_every == 0) or step + 1 == args.steps):
-            t0 = time.perf_counter()
-            ev, per_problem = _evaluate(loop, eng, sandbox, tokenizer, eval_set, args, saar_cfg, roll_kw, rank, world)
-            m.update(ev)
-            m["t_eval"] = time.perf_counter() - t0
-            if master:
-                _save_eval(out, step + 1, per_problem)
+            m.update(_evaluate(loop, eng, sandbox, tokenizer, eval_set, args, step=step + 1, **eval_kw))
         if master:
             log(_format_line(m))
             writer(m)
@@ -489,18 +484,18 @@ def main(args: Args):
 
 # ---------------------------------------------------------------------- helpers of the loop
 
-def _evaluate(loop, eng, sandbox, tokenizer, problems, args, saar_cfg, roll_kw, rank, world):
+def _evaluate(loop, eng, sandbox, tokenizer, problems, args, *, step, out_dir, saar_cfg, roll_kw, rank, world) -> dict:
     """Held-out accuracy: greedy, and at the rollout temperature with --eval-sampled; test-time SAAR off, on or
-    both (--eval-saar). Returns (metrics, per-problem records of this evaluation, every rank's)."""
+    both (--eval-saar). Returns the metrics (with t_eval); every rank's per-problem records go to
+    out/eval_step<step>.jsonl when out_dir is given (the master), which _summary reads."""
     import rollout
     import reward
     import saar
     import torch.distributed as dist
-    if args.eval_saar not in ("off", "on", "both"):
-        raise SystemExit(f"--eval-saar must be off, on or both, got {args.eval_saar!r}")
+    t0 = time.perf_counter()
     cfg = saar_cfg or saar.SaarConfig(gamma=args.gamma, max_retries=args.max_retries, sim_on=args.sim_on)
     mine = problems[rank::world]
-    out, records = {}, []
+    results, records = {}, []
     prompts = [rollout.prompt_ids(tokenizer, p.problem, p.task, args.tool_format) for p in mine]
     temps = [("greedy", 0.0)] + ([("sampled", args.temperature)] if args.eval_sampled else [])
     modes = {"off": [("", None)], "on": [("", cfg)], "both": [("", None), ("_saar", cfg)]}[args.eval_saar]
@@ -517,16 +512,15 @@ def _evaluate(loop, eng, sandbox, tokenizer, problems, args, saar_cfg, roll_kw, 
             rows = [r for part in parts for r in part]
         key = f"eval_{name}{suffix}"
         calls = sum(r["calls"] for r in rows)
-        out[f"{key}_acc"] = sum(r["ok"] for r in rows) / max(1, len(rows))
-        out[f"{key}_tool_err"] = sum(r["errors"] for r in rows) / max(1, calls)  # first attempts, SAAR's excluded
-        out[f"{key}_tool_calls"] = calls / max(1, len(rows))
+        results[f"{key}_acc"] = sum(r["ok"] for r in rows) / max(1, len(rows))
+        results[f"{key}_tool_err"] = sum(r["errors"] for r in rows) / max(1, calls)  # first attempts, SAAR's excluded
+        results[f"{key}_tool_calls"] = calls / max(1, len(rows))
         records += [dict(r, eval=key) for r in rows]
-    return out, records
-
-
-def _save_eval(out: str, step: int, records: list[dict]):
-    with open(os.path.join(out, f"eval_step{step:06d}.jsonl"), "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in records)
+    if out_dir is not None:
+        with open(os.path.join(out_dir, f"eval_step{step:06d}.jsonl"), "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records)
+    results["t_eval"] = time.perf_counter() - t0
+    return results
 
 
 def _format_eval(m: dict) -> str:
@@ -552,11 +546,11 @@ def _summary(out: str, last_step: int) -> list[str]:
     paths = [os.path.join(out, f"eval_step{s:06d}.jsonl") for s in (0, last_step)]
     if last_step == 0 or not all(os.path.exists(p) for p in paths):
         return []
-    first, last = ([json.loads(x) for x in open(p)] for p in paths)
+    start, end = ([json.loads(x) for x in open(p)] for p in paths)
     lines, summary = [], {}
-    for key in dict.fromkeys(r["eval"] for r in first):
-        a = {r["id"]: r for r in first if r["eval"] == key}
-        b = {r["id"]: r for r in last if r["eval"] == key}
+    for key in dict.fromkeys(r["eval"] for r in start):
+        a = {r["id"]: r for r in start if r["eval"] == key}
+        b = {r["id"]: r for r in end if r["eval"] == key}
         ids = [i for i in a if i in b]
         acc0, acc1 = (sum(d[i]["ok"] for i in ids) / max(1, len(ids)) for d in (a, b))
         err0, err1 = (sum(d[i]["errors"] for i in ids) / max(1, sum(d[i]["calls"] for i in ids)) for d in (a, b))
