@@ -56,7 +56,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm", "verl-token-mean")
 KL_TYPES = ("kl", "low_var_kl")  # veRL's names for Schulman's k1 and k3 estimators
 
 
@@ -150,6 +150,15 @@ def compute_advantages(rewards: torch.Tensor | Sequence[float], group_ids: Seque
     return adv, stats
 
 
+def groups_with_signal(group_ids: Sequence[Hashable], outcomes: Sequence[Hashable]) -> set:
+    """DAPO dynamic sampling's filter: the groups whose outcomes differ (some right, some wrong). A group with
+    one outcome has zero advantage under GRPO, so it adds no gradient, only tokens to the update."""
+    seen: dict[Hashable, set] = {}
+    for g, o in zip(group_ids, outcomes, strict=True):
+        seen.setdefault(g, set()).add(o)
+    return {g for g, os_ in seen.items() if len(os_) > 1}
+
+
 # ----------------------------------------------------------------------------- loss
 
 def _aggregate(x: torch.Tensor, mask: torch.Tensor, seq_ids: torch.Tensor | None, *, agg: str,
@@ -169,6 +178,11 @@ def _aggregate(x: torch.Tensor, mask: torch.Tensor, seq_ids: torch.Tensor | None
         return (seq_sum / seq_tok.clamp(min=1)).sum() / max(n, 1)
     if agg == "seq-mean-token-sum-norm":
         return seq_sum.sum() / (max(n, 1) * max_len)
+    if agg == "verl-token-mean":
+        # veRL's dp_actor with dynamic batch sizes: a token-mean inside each micro-batch, weighted by the
+        # micro-batch's share of the mini-batch's sequences (n: all ranks' sequences). Between token-mean and
+        # seq-mean, and it depends on how the micro-batches were cut
+        return x.sum() / mask.sum().clamp(min=1) * n_seq / max(n, 1)
     raise ValueError(f"unknown agg {agg!r}; choose one of {AGG_MODES}")
 
 
@@ -489,22 +503,27 @@ def compute_old_logprobs(model: torch.nn.Module, batch: Sequence[Trajectory], *,
 
 # ----------------------------------------------------------------------------- update
 
-def warmup_lambda(warmup_steps: int) -> Callable[[int], float]:
-    """LR multiplier for LambdaLR: linear warmup over warmup_steps optimizer steps, then 1."""
+def warmup_lambda(warmup_steps: int, from_zero: bool = False) -> Callable[[int], float]:
+    """LR multiplier for LambdaLR: linear warmup over warmup_steps scheduler steps, then 1.
+
+    Ours starts at 1/warmup_steps, so the first step already moves the weights. from_zero is veRL's constant
+    schedule with warmup (multiplier step/warmup_steps): its first step has lr 0."""
+    if from_zero:
+        return lambda step: min(1.0, step / max(1, warmup_steps))
     return lambda step: min(1.0, (step + 1) / max(1, warmup_steps))
 
 
 def make_optimizer(model: torch.nn.Module, *, lr: float = 2e-6, weight_decay: float = 0.01,
-                   betas: tuple[float, float] = (0.9, 0.999), warmup_steps: int = 20):
+                   betas: tuple[float, float] = (0.9, 0.999), warmup_steps: int = 20, from_zero: bool = False):
     """AdamW (veRL's defaults; the paper's lr 2e-6, 20 warmup steps) and its warmup scheduler."""
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr,
                             betas=betas, weight_decay=weight_decay)
-    return opt, torch.optim.lr_scheduler.LambdaLR(opt, warmup_lambda(warmup_steps))
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, warmup_lambda(warmup_steps, from_zero))
 
 
 def loss_normaliser(mini_batch: Sequence[Trajectory], agg: str, device: torch.device | str = "cpu") -> float:
     """The mini-batch's global count, summed over ranks: loss tokens (token-mean) or trajectories."""
-    local = sum(sum(t.loss_mask) for t in mini_batch) if agg == "token-mean" else len(mini_batch)
+    local = sum(sum(t.loss_mask) for t in mini_batch) if agg == "token-mean" else len(mini_batch)  # else: sequences
     return _all_reduce(float(local), "sum", torch.device(device))
 
 

@@ -266,6 +266,30 @@ def grade_math(response: str, gold: str, timeout_s: float = 5.0) -> bool:
     return math_equal(pred, gold, timeout_s=timeout_s)
 
 
+def grade_math_strict_box(response: str, gold: str) -> bool:
+    """The official training reward's math check (veRL's math_dapo with strict box verification): the last
+    `\\boxed` within the response's last 100 characters, its content taken as it is, must equal the gold
+    answer as a string. Stricter than grade_math: `\\boxed{42.0}` or `\\boxed{ 42}` fail for 42, and so does an
+    answer boxed earlier than the last 100 characters."""
+    if gold is None:
+        raise ValueError("grade_math_strict_box needs a gold answer, got None")
+    tail = response[-100:]
+    at = tail.rfind("\\boxed")
+    if at < 0:
+        return False
+    rest = tail[at + len("\\boxed"):]
+    if rest.startswith("{"):
+        content = _box_content(rest, 0)
+    elif rest.startswith(" "):  # `\\boxed 5`: up to the next `$`
+        content = rest[1:].split("$")[0]
+    else:
+        return False
+    return content is not None and content == str(gold)
+
+
+MATH_GRADERS = ("math-verify", "strict-box")
+
+
 # ---------------------------------------------------------------------------------------------------
 # GPQA (multiple choice)
 # ---------------------------------------------------------------------------------------------------
@@ -597,9 +621,15 @@ def grade_code(response: str, tests, sandbox=None, per_test_s: float = 6.0, tota
 # One entry point for training and eval
 # ---------------------------------------------------------------------------------------------------
 
-def grade(problem_task: str, response: str, answer=None, tests=None, sandbox=None) -> bool:
-    """Grade one final response. problem_task: "math" | "gpqa" | "code"."""
+def grade(problem_task: str, response: str, answer=None, tests=None, sandbox=None,
+          math_grader: str = "math-verify") -> bool:
+    """Grade one final response. problem_task: "math" | "gpqa" | "code". math_grader: math-verify (ours) or
+    strict-box (the official training reward)."""
     if problem_task == "math":
+        if math_grader == "strict-box":
+            return grade_math_strict_box(response, answer)
+        if math_grader != "math-verify":
+            raise ValueError(f"unknown math_grader {math_grader!r}; choose one of {MATH_GRADERS}")
         return grade_math(response, answer)
     if problem_task == "gpqa":
         return grade_gpqa(response, answer)

@@ -100,8 +100,11 @@ def find_call_start(text: str, tool_format: str) -> int | None:
     return None
 
 
-def parse_call(text: str, tool_format: str) -> Call:
-    """The first call of a turn (only one call runs per turn, as in the paper's code)."""
+def parse_call(text: str, tool_format: str, repair: bool = False) -> Call:
+    """The first call of a turn (only one call runs per turn, as in the paper's code).
+
+    repair: read hermes JSON as the official parser does, with json_repair, so that e.g. a literal newline
+    inside the code string is taken as one instead of being a malformed call (ours: strict json.loads)."""
     start = find_call_start(text, tool_format)
     if start is None:
         return Call()
@@ -110,8 +113,13 @@ def parse_call(text: str, tool_format: str) -> Call:
         if end < 0:
             return Call(error="malformed tool call: <tool_call> is never closed by </tool_call>")
         body = text[start + len("<tool_call>"):end].strip()
+        if repair:
+            import json_repair  # only in this mode
+            loads = json_repair.loads
+        else:
+            loads = json.loads
         try:
-            obj = json.loads(body)
+            obj = loads(body)
         except json.JSONDecodeError as e:
             return Call(error=f"malformed tool call: invalid JSON ({e.msg} at char {e.pos})")
         if not isinstance(obj, dict):
@@ -121,7 +129,7 @@ def parse_call(text: str, tool_format: str) -> Call:
         args = obj.get("arguments")
         if isinstance(args, str):
             try:
-                args = json.loads(args)
+                args = loads(args)
             except json.JSONDecodeError:
                 return Call(error="malformed tool call: arguments are not valid JSON")
         code = args.get("code") if isinstance(args, dict) else None
@@ -235,9 +243,12 @@ class Runner:
 
     def __init__(self, engine, sandbox, tokenizer, *, tool_format, temperature, top_p, top_k, max_turn_tokens,
                  max_tool_calls, tool_output_chars, error_format, stateful, seed, eos_ids, prompt_len,
-                 max_response_tokens):
+                 max_response_tokens, echo=False, repair_json=False, cap_ends=True):
         self.engine, self.tokenizer, self.tool_format = engine, tokenizer, tool_format
         self.session = sandbox.session() if (stateful and sandbox is not None) else None
+        self.echo = echo  # stateless calls print a final bare expression's repr (a session always does)
+        self.repair_json = repair_json  # hermes calls parsed with json_repair, as the official parser does
+        self.cap_ends = cap_ends  # max_tool_calls ends the trajectory (ours), or only stops SAAR (official)
         self.sandbox = sandbox
         self.sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k)
         self.stop_ids, self.stop_strs = stop_conditions(tokenizer, tool_format)
@@ -268,7 +279,7 @@ class Runner:
         return await self.engine.score(full_ids, start)
 
     def parse(self, turn_ids: list[int]) -> Call:
-        return parse_call(self.tokenizer.decode(turn_ids, skip_special_tokens=False), self.tool_format)
+        return parse_call(self.tokenizer.decode(turn_ids, skip_special_tokens=False), self.tool_format, self.repair_json)
 
     def can_call(self) -> bool:
         return self.calls < self.max_tool_calls
@@ -279,8 +290,11 @@ class Runner:
         if call.error is not None:
             r = ToolResult(ok=False, error_kind="malformed", text=call.error)
         else:
-            target = self.session if self.session is not None else self.sandbox
-            r = ToolResult.from_exec(await target.arun(call.code), self.error_format)
+            if self.session is not None:
+                res = await self.session.arun(call.code)
+            else:
+                res = await self.sandbox.arun(call.code, echo=self.echo)
+            r = ToolResult.from_exec(res, self.error_format)
         self.errors += not r.ok
         if not retry:
             self.first_calls += 1
@@ -304,9 +318,10 @@ class Runner:
 async def rollout_one(engine, sandbox, tokenizer, prompt: list[int], *, tool_format: str = "hermes",
                       max_turns: int = 16, max_response_tokens: int = 20480, max_turn_tokens: int | None = None,
                       max_tool_calls: int = 30, tool_output_chars: int = 256, error_format: str = "full",
-                      stateful: bool = False, temperature: float = 1.0, top_p: float = 1.0, top_k: int = -1,
-                      saar_cfg: saar.SaarConfig | None = None, saar_p: float = 0.0, seed: int | None = None,
-                      eos_ids=(), meta: dict | None = None) -> Trajectory:
+                      stateful: bool = False, echo: bool = False, repair_json: bool = False, cap_ends: bool = True,
+                      temperature: float = 1.0, top_p: float = 1.0,
+                      top_k: int = -1, saar_cfg: saar.SaarConfig | None = None, saar_p: float = 0.0,
+                      seed: int | None = None, eos_ids=(), meta: dict | None = None) -> Trajectory:
     """Roll out one trajectory: generate, call the tool, append its result, until an answer or a cap."""
     if saar_cfg is not None and saar_cfg.is_mode != "none" and temperature not in (0.0, 1.0):
         # engine.score gives log-probs at temperature 1, as greedy requests do; sampled ones are at `temperature`
@@ -321,8 +336,9 @@ async def rollout_one(engine, sandbox, tokenizer, prompt: list[int], *, tool_for
     eos = set(eos_ids) or {tokenizer.eos_token_id}
     run = Runner(engine, sandbox, tokenizer, tool_format=tool_format, temperature=temperature, top_p=top_p,
                  top_k=top_k, max_turn_tokens=max_turn_tokens, max_tool_calls=max_tool_calls,
-                 tool_output_chars=tool_output_chars, error_format=error_format, stateful=stateful, seed=seed,
-                 eos_ids=eos, prompt_len=len(traj.prompt_ids), max_response_tokens=max_response_tokens)
+                 tool_output_chars=tool_output_chars, error_format=error_format, stateful=stateful, echo=echo,
+                 repair_json=repair_json, cap_ends=cap_ends, seed=seed, eos_ids=eos, prompt_len=len(traj.prompt_ids),
+                 max_response_tokens=max_response_tokens)
 
     async def handle_turn(start: int, gen_finish: str) -> str | None:
         """Process the assistant turn at response_ids[start:]: None to go on, else a finish reason."""
@@ -334,7 +350,7 @@ async def rollout_one(engine, sandbox, tokenizer, prompt: list[int], *, tool_for
         if budget_hit:
             traj.truncated = True
             return "length"
-        if not run.can_call():
+        if not run.can_call() and run.cap_ends:
             return "max_tool_calls"
         result = await run.execute(call)
         note = ""

@@ -75,8 +75,11 @@ class Replacement:
 
 
 def replace_turn(old_turn_ids: list[int], new_turn_ids: list[int], *, tokenizer, gamma: float = 0.5,
-                 tool_format: str = "hermes", sim_on: str = "call") -> Replacement:
-    """Choose shallow (old reasoning + new call) or deep (new turn whole) replacement. Pure."""
+                 tool_format: str = "hermes", sim_on: str = "call", sim_eos: bool = False) -> Replacement:
+    """Choose shallow (old reasoning + new call) or deep (new turn whole) replacement. Pure.
+
+    sim_eos: compare the call segments as the official loop has them, run on to the end of the turn: the
+    rollout stops at the end of the call, so the turn's end-of-turn token (<|im_end|>) is added to both."""
     k_old = split_turn(old_turn_ids, tokenizer=tokenizer, tool_format=tool_format)
     k_new = split_turn(new_turn_ids, tokenizer=tokenizer, tool_format=tool_format)
     if k_old is None or k_new is None:
@@ -88,6 +91,9 @@ def replace_turn(old_turn_ids: list[int], new_turn_ids: list[int], *, tokenizer,
         new_call = rollout.parse_call(new_call, tool_format).code or ""
     elif sim_on != "call":
         raise ValueError(f"sim_on must be 'call' or 'code', got {sim_on!r}")
+    elif sim_eos:
+        eos = tokenizer.eos_token or ""
+        old_call, new_call = (c if c.endswith(eos) else c + eos for c in (old_call, new_call))
     sim = similarity(old_call, new_call)
     if sim >= gamma:
         return Replacement(list(old_turn_ids[:k_old]) + list(new_turn_ids[k_new:]), "shallow", sim, k_old)
@@ -101,6 +107,7 @@ class SaarConfig:
     gamma: float = 0.5
     max_retries: int = 3            # regenerations per turn position
     sim_on: str = "call"            # "call" (official code) or "code" (paper text)
+    sim_eos: bool = False           # the call segment runs to the end of the turn, <|im_end|> included (official)
     feedback_instruction: bool = False
     is_mode: str = "none"           # "none" | "token" | "gate"
     is_cap: float = 2.0             # truncation of the per-token weight ("token")
@@ -148,6 +155,13 @@ async def retry_failed_call(traj, start: int, result, *, cfg: SaarConfig, state:
         old_isw = traj.is_weight[start:] if traj.is_weight is not None else None
         feedback = run.truncate(result.text) + (FIX_INSTRUCTION if cfg.feedback_instruction else "")
         fb = run.tool_turn_ids(feedback, run.ended(old_turn))
+        if run.left(traj.prompt_ids + traj.response_ids) - len(fb) < 1:
+            # no room for the error and a new turn within the response budget: the failed call stays, and
+            # the rollout then finds no room for its result either (finish reason "length")
+            state.on = False
+            state.events.append(dict(turn=run.turn, kind="given_up", similarity=None, retry=retries,
+                                     error_kind=result.error_kind, reason="budget"))
+            return Outcome(result=result)
         traj.extend(fb, mask=0)
         next_turn = len(traj.response_ids)
         new = await run.generate(traj.prompt_ids + traj.response_ids)  # room if the error and the new turn both stay
@@ -161,7 +175,7 @@ async def retry_failed_call(traj, start: int, result, *, cfg: SaarConfig, state:
             return Outcome(next_turn=next_turn, next_finish=new.finish_reason, failed_start=start,
                            failed_result=result)
         rep = replace_turn(old_turn, new.token_ids, tokenizer=run.tokenizer, gamma=cfg.gamma,
-                           tool_format=run.tool_format, sim_on=cfg.sim_on)
+                           tool_format=run.tool_format, sim_on=cfg.sim_on, sim_eos=cfg.sim_eos)
         n_new = len(rep.ids) - rep.keep
         # kept reasoning keeps its log-probs (sampled on the clean context); new tokens keep theirs
         # (sampled with the error in context)

@@ -232,10 +232,14 @@ class Sandbox:
 
     # ---- public API
 
-    def run(self, code: str, *, timeout_s: float | None = None, stdin: str | None = None) -> ExecResult:
-        """Run `code` in a fresh namespace and process. Never raises for anything the code does."""
+    def run(self, code: str, *, timeout_s: float | None = None, stdin: str | None = None,
+            echo: bool = False) -> ExecResult:
+        """Run `code` in a fresh namespace and process. Never raises for anything the code does.
+
+        echo: print the repr of a final bare expression when it is not None, as the official CLEANER tool does
+        (off: the code is a plain script)."""
         timeout = self._timeout(code, timeout_s, stdin)
-        req = {"op": "run", "code": code, "timeout": timeout, "stdin": stdin}
+        req = {"op": "run", "code": code, "timeout": timeout, "stdin": stdin, "echo": bool(echo)}
         resp, deaths = None, 0
         for _ in range(2):  # one retry of the sandbox's own failures
             w = self._acquire(None)
@@ -245,7 +249,7 @@ class Sandbox:
                 self._release(w)
             if resp is None:
                 deaths += 1
-            elif resp["kind"] != "sandbox_internal":
+            elif resp["kind"] != "sandbox_internal" or resp.get("retry") is False:
                 break
         if resp is None and deaths == 2:
             # The worker died under this code twice running: the code kills its own sandbox
@@ -253,10 +257,12 @@ class Sandbox:
             resp = {"kind": "crash", "detail": "the code killed the sandbox process running it"}
         return self._result(resp, timeout)
 
-    async def arun(self, code: str, *, timeout_s: float | None = None, stdin: str | None = None) -> ExecResult:
+    async def arun(self, code: str, *, timeout_s: float | None = None, stdin: str | None = None,
+                   echo: bool = False) -> ExecResult:
         """`run` for asyncio callers: the event loop keeps generating while the code runs."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, functools.partial(self.run, code, timeout_s=timeout_s, stdin=stdin))
+        return await loop.run_in_executor(self._executor, functools.partial(self.run, code, timeout_s=timeout_s,
+                                                                            stdin=stdin, echo=echo))
 
     def session(self, rollback: bool = True) -> "Session":
         """A stateful session. rollback=False keeps partial effects of cells that raise."""
@@ -566,7 +572,7 @@ def _shutdown(workers: list, root: str | None, executor: ThreadPoolExecutor) -> 
     for w in workers:
         _stop_worker(w, grace_s=5.0)
     if root is not None:
-        shutil.rmtree(root, ignore_errors=True)
+        _rmtree(root)
     executor.shutdown(wait=False)
 
 
@@ -778,7 +784,7 @@ def _zygote_main() -> None:
             _close_holder(z, sid)
         _sweep(z, set())
         if not cfg["bwrap"]:
-            shutil.rmtree(cfg["root"], ignore_errors=True)
+            _rmtree(cfg["root"])
 
 
 def _preload() -> None:
@@ -872,10 +878,80 @@ def _wipe_scratch(path: str, uid: int | None) -> None:
     with os.scandir(path) as it:
         if next(it, None) is None:
             return
-    shutil.rmtree(path, ignore_errors=True)
+    _rmtree(path)
     if os.path.exists(path):  # something undeletable: leave it and start a new dir
         os.rename(path, f"{path}.trash{time.monotonic_ns()}")
     _make_scratch(path, uid)
+
+
+def _rmtree(path: str) -> None:
+    """shutil.rmtree(path, ignore_errors=True) without recursion, and with paths of one name only.
+
+    The code can build a tree thousands of levels deep (mkdir + chdir in a loop): shutil's recursion then
+    raises RecursionError, which would leave a worker that answers every later call with an internal
+    error, and the tree's full paths outgrow PATH_MAX. This walks down and up with directory fds (one open
+    at a time). Best effort, like ignore_errors: what cannot be removed stays, and the caller checks."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return
+    stuck: set = set()  # (st_dev, st_ino) of directories that could not be entered or removed
+    down: list = []  # (name, key) of the directories we are inside, below path
+    while True:
+        sub = None
+        try:
+            names = os.listdir(fd)
+        except OSError:
+            names = []
+        for name in names:
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except OSError:
+                continue
+            if not (st.st_mode & 0o170000 == 0o040000):  # not a directory: unlink it
+                try:
+                    os.unlink(name, dir_fd=fd)
+                except OSError:
+                    pass
+            elif (st.st_dev, st.st_ino) not in stuck:
+                sub = (name, (st.st_dev, st.st_ino))
+                break
+        if sub is not None:
+            try:
+                os.chmod(sub[0], 0o700, dir_fd=fd)  # a directory the code made unreadable (0o000)
+            except OSError:
+                pass
+            try:
+                inner = os.open(sub[0], flags, dir_fd=fd)
+            except OSError:
+                stuck.add(sub[1])
+                continue
+            os.close(fd)
+            fd = inner
+            down.append(sub)
+            continue
+        if not down:
+            break
+        try:
+            parent = os.open("..", flags, dir_fd=fd)
+        except OSError:
+            break
+        finally:
+            os.close(fd)
+        fd = parent
+        name, key = down.pop()
+        try:
+            os.rmdir(name, dir_fd=fd)
+        except OSError:
+            stuck.add(key)
+    if down:  # lost our way up ("..": cannot happen unless the tree moves under us); the caller checks
+        return
+    os.close(fd)
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
 
 
 def _wipe_shm(z: _Zygote) -> None:
@@ -885,7 +961,7 @@ def _wipe_shm(z: _Zygote) -> None:
     with os.scandir("/dev/shm") as it:
         for entry in it:
             if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path, ignore_errors=True)
+                _rmtree(entry.path)
             else:
                 os.unlink(entry.path)
 
@@ -1013,7 +1089,7 @@ def _fork_spare(z: _Zygote) -> _Spare:
             _set_cpu_limit(req["timeout"], hard=True)
         except BaseException:
             _internal_failure(3)
-        _exec_code(req["code"], ns, "<cell>", echo=False, res_fd=3)
+        _exec_code(req["code"], ns, "<cell>", echo=req.get("echo", False), res_fd=3)
         os._exit(0)
     ctl_c.close()
     for _, w in pairs:
@@ -1036,7 +1112,8 @@ def _run_stateless(z: _Zygote, req: dict) -> dict:
     if spare is None:
         spare = _fork_spare(z)
     pid, pidfd, (out_r, err_r, res_r) = spare.pid, spare.pidfd, spare.pipes
-    payload = _memfd("code", json.dumps({"code": req["code"], "timeout": req["timeout"], "stdin": req["stdin"]}).encode())
+    payload = _memfd("code", json.dumps({"code": req["code"], "timeout": req["timeout"], "stdin": req["stdin"],
+                                         "echo": bool(req.get("echo"))}).encode())
     state = None
     try:
         try:
@@ -1159,7 +1236,7 @@ def _frame_complete(buf: bytearray) -> dict | None:
         return None
     try:
         frame = json.loads(bytes(buf[4:4 + n]))
-    except ValueError:
+    except (ValueError, RecursionError):  # the code wrote it: 200 kB of "[" must not break the zygote
         return {"kind": "garbled"}
     return frame if isinstance(frame, dict) else {"kind": "garbled"}
 
@@ -1208,11 +1285,13 @@ def _verdict(z: _Zygote, state: dict) -> dict:
         resp.update({k: _cut(v, z.cfg["keep"]) if isinstance(v, str) else v for k, v in frame.items()
                      if k in ("kind", "exception_type", "traceback", "error_line", "line", "message", "detail")})
         resp = {k: v for k, v in resp.items() if isinstance(v, (str, int, float)) or v is None}
+        if resp.get("kind") == "sandbox_internal":
+            # ours only before the code starts, but the code can write this frame too: never run it again
+            resp["retry"] = False
     elif status is not None and os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGXCPU:
         resp["kind"] = "timeout"  # the CPU rlimit fired before the wall clock
     elif status is not None and os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        resp.update(kind="crash", detail=f"the process was killed by signal {signal.Signals(sig).name} ({signal.strsignal(sig).lower()})")
+        resp.update(kind="crash", detail=f"the process was killed by signal {_signal_name(os.WTERMSIG(status))}")
     elif status is not None and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
         resp["kind"] = "none"  # os._exit(0): a clean exit, as for a script
     elif status is not None and os.WIFEXITED(status):
@@ -1220,6 +1299,16 @@ def _verdict(z: _Zygote, state: dict) -> dict:
     else:
         resp.update(kind="crash", detail="the process died before the code finished")
     return resp
+
+
+def _signal_name(sig: int) -> str:
+    """"SIGKILL (killed)"; real-time and unknown signals too (signal.Signals(40) raises)."""
+    try:
+        name = signal.Signals(sig).name
+    except ValueError:
+        name = f"signal {sig}"
+    what = signal.strsignal(sig)
+    return f"{name} ({what.lower()})" if what else name
 
 
 def _cut(text: str, keep: int) -> str:
@@ -1647,7 +1736,7 @@ def _close_holder(z: _Zygote, sid: int) -> dict:
         h.ctl.close()
         _sweep(z, *_spared(z))
         _wipe_shm(z)
-        shutil.rmtree(h.scratch, ignore_errors=True)
+        _rmtree(h.scratch)
     return {"kind": "none"}
 
 

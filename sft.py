@@ -66,6 +66,9 @@ class Args:
     """'synth' for generated warm-up conversations, else a JSONL of OpenAI-format chat conversations"""
     n_conversations: int = 128
     """conversations to train on (synth: how many to generate; a file: its first N rows, 0 = all)"""
+    fix_fraction: float = 0.0
+    """synth: share of conversations whose first call is broken (its real error from the sandbox follows) and a
+    second call fixes it, so the model learns to call again after an error, which SAAR purifies"""
     tool_format: str = "markdown"
     """how calls are written, as in rollout.py: markdown (```python blocks) or hermes (<tool_call> JSON)"""
     tool_output_chars: int = 256
@@ -239,16 +242,70 @@ def encode_conversation(tokenizer, messages: list[dict], *, tool_format: str, to
     return ids, mask
 
 
-def synth_conversations(n: int, seed: int, tool_format: str) -> list[dict]:
-    """Generated warm-up conversations with the rollout's user prompt and the tool output as RL shows it."""
+# Broken first calls for --fix-fraction: each edit gives a real error (NameError, SyntaxError) in the sandbox.
+_BREAKS = (
+    lambda c: re.sub(r"^(from \S+ )?import [^\n]*\n", "", c, count=1, flags=re.M),  # a dropped import
+    lambda c: c.replace("print(", "pirnt(", 1),                                     # a misspelt name
+    lambda c: c.replace(":\n", "\n", 1),                                             # a missing colon
+    lambda c: c.rstrip("\n")[:-1] + "\n",                                            # an unclosed bracket
+)
+_FIX_LEADS = ("The code failed with {err}. Here is the corrected version.", "That raised {err}; I'll fix it and run it "
+              "again.", "{err}: the code has a mistake. Fixed:", "I'll correct the {err} and run it again.")
+
+
+def synth_conversations(n: int, seed: int, tool_format: str, fix_fraction: float = 0.0) -> list[dict]:
+    """Generated warm-up conversations with the rollout's user prompt and the tool output as RL shows it.
+
+    With fix_fraction, that share of them first makes a broken call and reads its error exactly as the rollout
+    shows it (the real sandbox's text), then calls again with working code: the paper's cold start teaches the
+    model to retry after an error, and SAAR has nothing to purify in a model that answers instead."""
+    if not 0.0 <= fix_fraction <= 1.0:
+        raise ValueError(f"fix_fraction must be in [0, 1], got {fix_fraction}")
     convs = synth.make_sft_conversations(n, seed, tool_format=tool_format,
                                          prompt_fn=lambda p: rollout.make_prompt(p, "math", tool_format))
-    for c in convs:
-        msgs = c["messages"]
-        code = rollout.parse_call(msgs[1]["content"], tool_format).code
-        # synth strips the trailing newline; the sandbox shows raw stdout, so RL sees "42\n"
-        msgs[2] = {"role": "tool", "content": synth.run_trusted(code)}
+    rng = random.Random(f"sft-fix:{seed}")
+    broken = [c for c in convs if rng.random() < fix_fraction]
+    sandbox = None
+    try:
+        for c in convs:
+            msgs = c["messages"]
+            call = msgs[1]["content"]
+            code = rollout.parse_call(call, tool_format).code
+            # synth strips the trailing newline; the sandbox shows raw stdout, so RL sees "42\n"
+            msgs[2] = {"role": "tool", "content": synth.run_trusted(code)}
+            if c not in broken:
+                continue
+            if _replace_code(call, code, code, tool_format) != call:
+                raise AssertionError(f"{c['id']}: synth's call turn is no longer plan + blank line + call")
+            if sandbox is None:
+                from sandbox import Sandbox
+                sandbox = Sandbox(slots=1, timeout_s=4.0)
+            for k in rng.sample(range(len(_BREAKS)), len(_BREAKS)):
+                bad = _BREAKS[k](code)
+                res = rollout.ToolResult.from_exec(sandbox.run(bad)) if bad != code else None
+                if res is not None and not res.ok:
+                    break
+            else:
+                raise AssertionError(f"{c['id']}: no edit of the reference code fails")
+            lead = rng.choice(_FIX_LEADS).format(err=res.exception_type or "an error")
+            msgs[1:2] = [{"role": "assistant", "content": _replace_code(call, code, bad, tool_format)},
+                         {"role": "tool", "content": res.text},
+                         {"role": "assistant", "content": _replace_code(call, code, code, tool_format, lead=lead)}]
+    finally:
+        if sandbox is not None:
+            sandbox.close()
     return convs
+
+
+def _replace_code(call: str, code: str, new: str, tool_format: str, lead: str | None = None) -> str:
+    """A call turn of synth's shape with other code (and, given lead, another sentence before it)."""
+    plan, sep, _ = call.partition("\n\n")
+    if tool_format == "markdown":
+        body = f"```python\n{new}```"
+    else:
+        body = "<tool_call>\n" + json.dumps({"name": "code_interpreter", "arguments": {"code": new}},
+                                            ensure_ascii=False) + "\n</tool_call>"
+    return f"{lead if lead is not None else plan}{sep}{body}"
 
 
 def load_conversations(path: str, n: int = 0) -> list[tuple[str, list[dict]]]:
@@ -278,10 +335,10 @@ def load_conversations(path: str, n: int = 0) -> list[tuple[str, list[dict]]]:
 
 
 def build_dataset(tokenizer, *, data: str, n: int, tool_format: str, tool_output_chars: int, max_len: int,
-                  seed: int) -> list[tuple[list[int], list[int]]]:
+                  seed: int, fix_fraction: float = 0.0) -> list[tuple[list[int], list[int]]]:
     """Tokenized (ids, mask) pairs; conversations the rollout cannot represent are skipped, with reasons."""
     if data == "synth":
-        rows = [(c["id"], c["messages"]) for c in synth_conversations(n, seed, tool_format)]
+        rows = [(c["id"], c["messages"]) for c in synth_conversations(n, seed, tool_format, fix_fraction)]
     else:
         rows = load_conversations(data, n)
     seqs, problems, too_long = [], [], 0
@@ -457,7 +514,8 @@ def run(args: Args) -> dict:
     t_start = time.time()
     tok = load_tokenizer(args.model)
     seqs = build_dataset(tok, data=args.data, n=args.n_conversations, tool_format=args.tool_format,
-                         tool_output_chars=args.tool_output_chars, max_len=args.max_len, seed=args.seed)
+                         tool_output_chars=args.tool_output_chars, max_len=args.max_len, seed=args.seed,
+                         fix_fraction=args.fix_fraction)
     n_tok, n_loss = sum(len(s[0]) for s in seqs), sum(sum(s[1]) for s in seqs)
     print(f"[sft] {len(seqs)} conversations, {n_tok} tokens ({n_loss} in the loss, longest "
           f"{max(len(s[0]) for s in seqs)}), model {args.model}, tool format {args.tool_format}", file=sys.stderr)

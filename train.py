@@ -20,9 +20,12 @@ samples per step in two optimizer steps.
     torchrun --nproc_per_node=4 train.py ...          # one node, FSDP2 over the policy
 
 Departures from the official veRL recipe: the reward grades the final assistant turn (the official
-math reward reads the last 300 characters of the decoded response, tool output included); a run
-is reproducible from its folder (args, commit, diff, package versions, seed), and a checkpoint
-holds the RNG states and the data position, so --resume continues exactly.
+math reward reads the tail of the decoded response, tool output included); a run is reproducible from
+its folder (args, commit, diff, package versions, seed), and a checkpoint holds the RNG states and the
+data position, so --resume continues exactly. Where our default differs from the official code, a flag
+gives the official choice (--warmup-unit train, --agg verl-token-mean, --math-grader strict-box,
+--tool-echo, --repair-json, --no-tool-cap-ends, --sim-eos); the paper's scripts pass them and the
+README's Departures table lists them. --dynamic-sampling (DAPO) is off, as in the paper.
 """
 from __future__ import annotations
 
@@ -52,11 +55,17 @@ class Args:
     """number of GRPO steps"""
     resume: bool = False
     """continue the run in out_dir/run from its last checkpoint"""
+    eval_only: bool = False
+    """evaluate the held-out set of an existing run and stop: its warm start (step 0), or its checkpoint with
+    --resume; the run's settings (run.json) are kept but for the eval flags, and the records join its
+    eval_step*.jsonl, metrics.jsonl and summary (e.g. --eval-saar on after a run evaluated with it off)"""
     # model
     model: str = "smollm2-135m"
     """local folder, hub id, or offline name (smollm2-135m, tiny-qwen3, tiny-bytes)"""
     warm_start: bool = True
     """run sft.py's cold start first when the model is an offline base model (cached)"""
+    warm_start_fix: float = 0.0
+    """share of the cold start's conversations that fail a call and fix it (sft.py --fix-fraction)"""
     # data
     train_data: str = "synth-medium:primes,digit_sum,coprime"
     """generated problems: 'synth-medium' (naive code works, hand work does not), 'synth' (naive code times out),
@@ -81,10 +90,16 @@ class Args:
     """assistant turns per trajectory (paper: 16)"""
     max_response_tokens: int = 256
     """response budget per trajectory, tool tokens included (paper: 20480)"""
+    max_prompt_tokens: int = 2560
+    """training problems whose templated prompt is longer are dropped at load time, and counted (official: 2560;
+    0 keeps all)"""
     max_turn_tokens: int = 0
     """cap on one assistant turn (0: the remaining budget, as the paper's code)"""
     max_tool_calls: int = 30
     """tool executions per trajectory, SAAR retries included"""
+    tool_cap_ends: bool = True
+    """reaching --max-tool-calls ends the trajectory; --no-tool-cap-ends: only SAAR stops, and later calls still
+    run (the official code)"""
     temperature: float = 0.6
     """rollout temperature (paper: 1.0; the 135M demo model writes mostly broken code at 1.0)"""
     top_p: float = 1.0
@@ -95,6 +110,10 @@ class Args:
     """model-facing error: full (stdout + compact traceback) or last_line"""
     stateful: bool = False
     """a persistent Python session per trajectory (the paper's tool is stateless)"""
+    tool_echo: bool = False
+    """a stateless call also prints the repr of its final bare expression when not None (the official tool)"""
+    repair_json: bool = False
+    """parse hermes calls with json_repair, as the official parser does (off: strict JSON, a broken call fails)"""
     engine: str = "hf"
     """hf (transformers, any device) or sglang (GPU: an in-process SGLang engine per rank, colocated)"""
     engine_batch: int = 32
@@ -114,6 +133,9 @@ class Args:
     """regenerations per failed turn before giving up"""
     sim_on: str = "call"
     """similarity on the decoded call text (official code) or on the extracted code (paper text)"""
+    sim_eos: bool = False
+    """with --sim-on call, the call text runs to the end of the turn, <|im_end|> included, as the official loop
+    generates it (ours stops at the end of the call)"""
     feedback_instruction: bool = False
     """add an explicit 'fix the error' line to the error feedback"""
     is_mode: str = "none"
@@ -125,10 +147,16 @@ class Args:
     eval_saar: str = "off"
     """test-time SAAR in the held-out eval: off (the policy's own tool use), on (the paper's evals) or both"""
     # GRPO
+    math_grader: str = "math-verify"
+    """the +1/-1 reward of math problems: math-verify on the last boxed answer (ours), or strict-box (the official
+    reward: the last boxed answer within the last 100 characters, equal to the gold answer as a string)"""
     lr: float = 3e-5
     """AdamW learning rate (paper: 2e-6 for 4B, 1e-6 for 7B)"""
     warmup_steps: int = 2
-    """linear warmup, in optimizer steps (paper: 20)"""
+    """linear warmup length, in --warmup-unit steps (paper: 20)"""
+    warmup_unit: str = "optimizer"
+    """optimizer (the scheduler steps after each optimizer step, from 1/warmup_steps) or train (veRL: once per
+    GRPO step, from 0, so the first step does not move the weights and 20 warmup steps span 20 GRPO steps)"""
     weight_decay: float = 0.01
     """AdamW weight decay"""
     mini_batch_prompts: int = 2
@@ -149,9 +177,15 @@ class Args:
     dual_clip_c: float = 10.0
     """dual-clip bound for negative advantages (0: off)"""
     agg: str = "token-mean"
-    """loss aggregation: token-mean, seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm (Dr.GRPO)"""
+    """loss aggregation: token-mean (over the mini-batch), seq-mean-token-sum, seq-mean-token-mean,
+    seq-mean-token-sum-norm (Dr.GRPO), verl-token-mean (veRL: a token-mean per micro-batch, weighted by its sequences)"""
     norm_adv_std: bool = True
     """divide advantages by the group std (off: Dr.GRPO)"""
+    dynamic_sampling: bool = False
+    """DAPO dynamic sampling: drop groups whose samples are all right or all wrong (zero advantage) and roll out
+    further rounds of prompts_per_step prompts until the step has prompts_per_step groups (the paper: off)"""
+    max_sample_rounds: int = 3
+    """with --dynamic-sampling, the most rollout rounds a step takes; then it trains on the groups it has"""
     kl_coef: float = 0.0
     """KL penalty to the initial policy (paper: 0)"""
     kl_type: str = "low_var_kl"
@@ -217,7 +251,7 @@ def parse_args(cls, argv: list[str] | None = None, description: str = ""):
     return cls(**vars(p.parse_args(argv)))
 
 
-SUMMED = {"loss", "saar_shallow", "saar_deep", "saar_given_up", "saar_answered", "saar_regen_tokens"}  # per-rank sums
+SUMMED = {"loss", "dropped_groups", "saar_shallow", "saar_deep", "saar_given_up", "saar_answered", "saar_regen_tokens"}  # per-rank sums
 
 
 def overlong_penalty(length: int, max_len: int, buffer: int, factor: float) -> float:
@@ -255,6 +289,8 @@ def main(args: Args):
     from sandbox import Sandbox
 
     # ------------------------------------------------------------------ setup
+    if args.eval_only:
+        args = _args_of_run(args)
     ddp = int(os.environ.get("WORLD_SIZE", "1")) > 1
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     if ddp:
@@ -271,6 +307,12 @@ def main(args: Args):
                          f"({args.mini_batch_prompts}), and that by the world size ({world})")
     if args.eval_saar not in ("off", "on", "both"):
         raise SystemExit(f"--eval-saar must be off, on or both, got {args.eval_saar!r}")
+    if args.math_grader not in reward.MATH_GRADERS:
+        raise SystemExit(f"--math-grader must be one of {', '.join(reward.MATH_GRADERS)}, got {args.math_grader!r}")
+    if args.warmup_unit not in ("optimizer", "train"):
+        raise SystemExit(f"--warmup-unit must be optimizer or train, got {args.warmup_unit!r}")
+    if args.eval_only and not args.eval_size:
+        raise SystemExit(f"--eval-only: the run {args.run_name!r} has --eval-size 0, no held-out set to evaluate")
     if args.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
     run_name = args.run_name or time.strftime("run-%Y%m%d-%H%M%S")
@@ -284,14 +326,15 @@ def main(args: Args):
                              growth_interval=args.loss_scale_growth if fp16 else 0)
     if master:
         os.makedirs(os.path.join(out, "rollouts"), exist_ok=True)
-        _write_run_info(out, args, subprocess)
+        _write_run_info(out, args, subprocess)  # --eval-only: a line in evals.jsonl, run.json is the run's
     log = (lambda *a: print(*a, flush=True)) if master else (lambda *a: None)
 
     # ------------------------------------------------------------------ model
     model_path = args.model
     if args.warm_start and args.model in models.OFFLINE and args.tool_format != "none":
         import sft
-        model_path = sft.warm_start(args.model, tool_format=args.tool_format, seed=args.seed)  # cached after once
+        fix = dict(fix_fraction=args.warm_start_fix) if args.warm_start_fix else {}  # 0 keeps the cached default
+        model_path = sft.warm_start(args.model, tool_format=args.tool_format, seed=args.seed, **fix)  # cached after once
     tokenizer = models.load_tokenizer(model_path)
     if ddp:
         # FSDP2: fp32 master weights and optimizer state, compute in --dtype, gradients reduced in fp32
@@ -329,23 +372,35 @@ def main(args: Args):
 
     # ------------------------------------------------------------------ data
     train_set = load_problems(args.train_data, seed=args.seed, n=None)
+    if args.max_prompt_tokens and not args.eval_only:  # the official recipe drops long prompts at load time
+        n_all = len(train_set)
+        train_set = [p for p in train_set if len(rollout.prompt_ids(tokenizer, p.problem, p.task, args.tool_format))
+                     <= args.max_prompt_tokens]
+        if len(train_set) < n_all:
+            log(f"data: dropped {n_all - len(train_set)} of {n_all} training problems whose prompt is longer than "
+                f"--max-prompt-tokens {args.max_prompt_tokens}")
+        if not train_set:
+            raise SystemExit(f"--train-data {args.train_data}: every prompt is longer than --max-prompt-tokens "
+                             f"{args.max_prompt_tokens}")
     eval_seed = args.seed + 10_007  # synth problems from another seed never repeat training ones
     eval_set = load_problems(args.eval_data, seed=eval_seed, n=args.eval_size)[:args.eval_size]
     order = np.random.default_rng(args.seed).permutation(len(train_set)).tolist()  # fixed data order
 
     # ------------------------------------------------------------------ optimizer
     optimizer, scheduler = grpo.make_optimizer(policy, lr=args.lr, weight_decay=args.weight_decay,
-                                               warmup_steps=args.warmup_steps)
-    start_step = 0
+                                               warmup_steps=args.warmup_steps, from_zero=args.warmup_unit == "train")
+    start_step = data_pos = 0  # data_pos: groups drawn so far (prompts_per_step a step, more with dynamic sampling)
     if args.resume:
-        start_step = _load_checkpoint(ckpt_path, policy, optimizer, scheduler, scaler)
+        start_step, data_pos = _load_checkpoint(ckpt_path, policy, optimizer, scheduler, scaler)
+        data_pos = start_step * args.prompts_per_step if data_pos is None else data_pos  # an older checkpoint
         log(f"resumed {out} at step {start_step}")
     saar_cfg = saar.SaarConfig(gamma=args.gamma, max_retries=args.max_retries, sim_on=args.sim_on,
-                               feedback_instruction=args.feedback_instruction, is_mode=args.is_mode,
+                               sim_eos=args.sim_eos, feedback_instruction=args.feedback_instruction, is_mode=args.is_mode,
                                is_cap=args.is_cap, is_gate=args.is_gate) if args.saar else None
     roll_kw = dict(tool_format=args.tool_format, max_turns=args.max_turns, max_response_tokens=args.max_response_tokens,
                    max_turn_tokens=args.max_turn_tokens or None, max_tool_calls=args.max_tool_calls,
                    tool_output_chars=args.tool_output_chars, error_format=args.error_format, stateful=args.stateful,
+                   echo=args.tool_echo, repair_json=args.repair_json, cap_ends=args.tool_cap_ends,
                    eos_ids=[tokenizer.eos_token_id])
     writer = _metric_writers(out, args) if master else None
     # each mini-batch's prompts are spread over the ranks, so N ranks take the same optimizer steps on the
@@ -356,41 +411,70 @@ def main(args: Args):
     # ------------------------------------------------------------------ the loop
     loop = asyncio.new_event_loop()
     eval_kw = dict(out_dir=out if master else None, saar_cfg=saar_cfg, roll_kw=roll_kw, rank=rank, world=world)
-    if args.eval_size and start_step == 0 and args.steps > 0:  # the held-out baseline, before any update
-        ev = _evaluate(loop, eng, sandbox, tokenizer, eval_set, args, step=0, **eval_kw)
+    # the held-out baseline, before any update; with --eval-only, the one evaluation of the run's current point
+    if args.eval_size and ((start_step == 0 and args.steps > 0) or args.eval_only):
+        ev = _evaluate(loop, eng, sandbox, tokenizer, eval_set, args, step=start_step, **eval_kw)
         if master:
-            log("eval step 0 | " + _format_eval(ev))
-            writer(dict(ev, step=0))
-    for step in range(start_step, args.steps):
+            log(f"eval step {start_step} | " + _format_eval(ev))
+            writer(dict(ev, step=start_step))
+    for step in range(start_step, start_step if args.eval_only else args.steps):
         t = {}
-        # ---------------------------------------------------------- rollout
-        t0 = time.perf_counter()
-        base = step * args.prompts_per_step  # the data position is a function of the step
-        groups_here = [base + g for g in mine]
-        probs = [train_set[order[g % len(order)]] for g in groups_here]
-        prompts, seeds, metas = [], [], []
-        for g, pr in zip(groups_here, probs):
-            ids = rollout.prompt_ids(tokenizer, pr.problem, pr.task, args.tool_format)
-            for j in range(args.samples_per_prompt):
-                prompts.append(ids)
-                seeds.append(((args.seed * 1_000_003 + step) * 1_000_003 + g) * 1_000_003 + j)  # per trajectory
-                metas.append(dict(problem_id=pr.id, group=g, sample=j))
-        trajs = loop.run_until_complete(rollout.rollout_batch(
-            eng, sandbox, tokenizer, prompts, seeds=seeds, metas=metas, progress=master,
-            temperature=args.temperature, top_p=args.top_p, saar_cfg=saar_cfg, saar_p=args.rollback_p, **roll_kw))
-        t["rollout"] = time.perf_counter() - t0
+        # ---------------------------------------------------------- rollout and rewards
+        # One round of prompts_per_step groups. With --dynamic-sampling (DAPO), a group whose samples are all
+        # right or all wrong has zero advantage, so it is dropped and further rounds refill the step
+        t["rollout"] = t["reward"] = 0.0
+        trajs, rewards, correct, metas, seen = [], [], [], [], []  # the trained groups; seen: every rollout
+        rounds, dropped, step_pos = 0, 0, data_pos
+        while rounds < (args.max_sample_rounds if args.dynamic_sampling else 1):
+            rounds += 1
+            t0 = time.perf_counter()
+            groups_here = [data_pos + g for g in mine]  # data position: one round = prompts_per_step groups
+            data_pos += args.prompts_per_step
+            probs_r = [train_set[order[g % len(order)]] for g in groups_here]
+            prompts, seeds, metas_r = [], [], []
+            for g, pr in zip(groups_here, probs_r):
+                ids = rollout.prompt_ids(tokenizer, pr.problem, pr.task, args.tool_format)
+                for j in range(args.samples_per_prompt):
+                    prompts.append(ids)
+                    seeds.append(((args.seed * 1_000_003 + step) * 1_000_003 + g) * 1_000_003 + j)  # per trajectory
+                    metas_r.append(dict(problem_id=pr.id, group=g, sample=j))
+            trajs_r = loop.run_until_complete(rollout.rollout_batch(
+                eng, sandbox, tokenizer, prompts, seeds=seeds, metas=metas_r, progress=master,
+                temperature=args.temperature, top_p=args.top_p, saar_cfg=saar_cfg, saar_p=args.rollback_p, **roll_kw))
+            t["rollout"] += time.perf_counter() - t0
 
-        # ---------------------------------------------------------- rewards
-        t0 = time.perf_counter()
-        rewards, correct = [], []
-        for tr, pr in zip(trajs, (p for p in probs for _ in range(args.samples_per_prompt))):
-            ok = reward.grade(pr.task, tr.final_text(tokenizer), answer=pr.answer, tests=pr.tests,
-                              sandbox=sandbox)
-            pen = overlong_penalty(len(tr.response_ids), args.max_response_tokens, args.overlong_buffer,
-                                   args.overlong_penalty)
-            correct.append(ok)
-            rewards.append((1.0 if ok else -1.0) + pen)  # the paper's outcome reward, +1/-1
+            t0 = time.perf_counter()
+            probs_r = [p for p in probs_r for _ in range(args.samples_per_prompt)]  # one per trajectory
+            rewards_r, correct_r = [], []
+            for tr, pr in zip(trajs_r, probs_r):
+                ok = reward.grade(pr.task, tr.final_text(tokenizer), answer=pr.answer, tests=pr.tests,
+                                  sandbox=sandbox, math_grader=args.math_grader)
+                pen = overlong_penalty(len(tr.response_ids), args.max_response_tokens, args.overlong_buffer,
+                                       args.overlong_penalty)
+                correct_r.append(ok)
+                rewards_r.append((1.0 if ok else -1.0) + pen)  # the paper's outcome reward, +1/-1
+            t["reward"] += time.perf_counter() - t0
+            seen += zip(trajs_r, rewards_r, correct_r)
+            groups_r = [m["group"] for m in metas_r]
+            signal = grpo.groups_with_signal(groups_r, correct_r) if args.dynamic_sampling else set(groups_r)
+            keep = [i for i, g in enumerate(groups_r) if g in signal]
+            dropped += len(set(groups_r) - signal)
+            trajs += [trajs_r[i] for i in keep]
+            metas += [metas_r[i] for i in keep]
+            rewards += [rewards_r[i] for i in keep]
+            correct += [correct_r[i] for i in keep]
+            have = len(trajs) // args.samples_per_prompt
+            if ddp:  # every rank takes the same number of optimizer steps, so all go by the fewest groups
+                counts = [None] * world
+                dist.all_gather_object(counts, have)
+                have = min(counts)
+            if have >= len(mine):
+                break
+        if args.dynamic_sampling:  # DAPO keeps a full batch; extra groups of the last round are not trained on
+            cut = min(have, len(mine)) * args.samples_per_prompt
+            trajs, metas, rewards, correct = trajs[:cut], metas[:cut], rewards[:cut], correct[:cut]
         # group advantages over every rank's rollouts (groups never straddle ranks, but stats do)
+        t0 = time.perf_counter()
         groups = [m["group"] for m in metas]
         if ddp:
             gathered = [None] * world
@@ -408,7 +492,7 @@ def main(args: Args):
             batch.append(grpo.Trajectory(input_ids=tr.prompt_ids + tr.response_ids,
                                          loss_mask=[0] * len(tr.prompt_ids) + tr.loss_mask, advantage=a,
                                          is_weight=isw))
-        t["reward"] = time.perf_counter() - t0
+        t["reward"] += time.perf_counter() - t0
 
         # ---------------------------------------------------------- update
         t0 = time.perf_counter()
@@ -429,7 +513,9 @@ def main(args: Args):
         if args.engine == "sglang":
             eng.release_memory()  # colocated: give the engine's GPU memory to the update
         try:
-            stats = grpo.update(policy, optimizer, scheduler, batch, mini_batch_size=mbs,
+            # (no batch: --dynamic-sampling found no group with a signal in max_sample_rounds rounds)
+            per_opt_step = scheduler if args.warmup_unit == "optimizer" else None
+            stats = {} if not batch else grpo.update(policy, optimizer, per_opt_step, batch, mini_batch_size=mbs,
                                 max_tokens_per_micro=args.max_tokens_per_micro, grad_clip=args.grad_clip,
                                 agg=args.agg, max_len=args.max_response_tokens, clip_low=args.clip_low,
                                 clip_high=args.clip_high, dual_clip_c=args.dual_clip_c or None,
@@ -439,9 +525,11 @@ def main(args: Args):
         except grpo.NonFiniteLossError as e:
             # no optimizer step touched the weights with the bad gradient; keep what is good and stop
             path = os.path.join(out, f"ckpt-nonfinite-step{step + 1}.pt")
-            _save_checkpoint(path, policy, optimizer, scheduler, scaler, step, master)
+            _save_checkpoint(path, policy, optimizer, scheduler, scaler, step, master, data_pos=step_pos)
             raise SystemExit(f"step {step + 1}: {e}\nweights are unchanged by the bad update; saved {path}. "
                              f"The last regular checkpoint is {ckpt_path}.")
+        if args.warmup_unit == "train":
+            scheduler.step()  # veRL: once per training step, after the update
         t["update"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         if args.engine == "sglang":
@@ -452,8 +540,10 @@ def main(args: Args):
         t["sync"] = time.perf_counter() - t0
 
         # ---------------------------------------------------------- eval / log / ckpt
-        m = _step_metrics(trajs, rewards, correct, adv_stats, stats, t)
-        m["adv_n"] = len(all_r)  # how many rollouts, from every rank, entered the group advantages
+        m = _step_metrics(*map(list, zip(*seen)), adv_stats, stats, t)  # the figures of every rollout of the step
+        m["adv_n"] = len(all_r)  # how many rollouts, from every rank, entered the group advantages (and trained)
+        if args.dynamic_sampling:
+            m.update(sample_rounds=rounds, dropped_groups=dropped)
         if ddp:  # log the whole batch: losses and event counts add up over ranks, the rest are rank means
             parts = [None] * world
             dist.all_gather_object(parts, m)
@@ -465,11 +555,11 @@ def main(args: Args):
         if master:
             log(_format_line(m))
             writer(m)
-            _dump_rollouts(os.path.join(out, "rollouts", f"step_{step + 1:06d}.jsonl"), trajs[:args.dump_rollouts],
-                           rewards, tokenizer)
+            _dump_rollouts(os.path.join(out, "rollouts", f"step_{step + 1:06d}.jsonl"), seen[:args.dump_rollouts],
+                           tokenizer)
         if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
-            _save_checkpoint(ckpt_path, policy, optimizer, scheduler, scaler, step + 1, master)
-    if args.steps > start_step:
+            _save_checkpoint(ckpt_path, policy, optimizer, scheduler, scaler, step + 1, master, data_pos=data_pos)
+    if args.steps > start_step and not args.eval_only:
         _save_hf(os.path.join(out, "hf"), policy, tokenizer, master)
     if master and args.eval_size:
         for line in _summary(out, args.steps):  # the held-out gain, start vs end, with its paired 95% CI
@@ -493,18 +583,21 @@ def _evaluate(loop, eng, sandbox, tokenizer, problems, args, *, step, out_dir, s
     import saar
     import torch.distributed as dist
     t0 = time.perf_counter()
-    cfg = saar_cfg or saar.SaarConfig(gamma=args.gamma, max_retries=args.max_retries, sim_on=args.sim_on)
+    cfg = saar_cfg or saar.SaarConfig(gamma=args.gamma, max_retries=args.max_retries, sim_on=args.sim_on,
+                                      sim_eos=args.sim_eos)
     mine = problems[rank::world]
     results, records = {}, []
     prompts = [rollout.prompt_ids(tokenizer, p.problem, p.task, args.tool_format) for p in mine]
     temps = [("greedy", 0.0)] + ([("sampled", args.temperature)] if args.eval_sampled else [])
-    modes = {"off": [("", None)], "on": [("", cfg)], "both": [("", None), ("_saar", cfg)]}[args.eval_saar]
+    # test-time SAAR off is eval_greedy, on is eval_greedy_saar, whatever the flag, so runs and their later
+    # --eval-only calls line up
+    modes = {"off": [("", None)], "on": [("_saar", cfg)], "both": [("", None), ("_saar", cfg)]}[args.eval_saar]
     for (name, temp), (suffix, mode_cfg) in ((t, m) for t in temps for m in modes):
         trajs = loop.run_until_complete(rollout.rollout_batch(
             eng, sandbox, tokenizer, prompts, seeds=list(range(len(prompts))), temperature=temp, top_p=args.top_p,
-            saar_cfg=mode_cfg, saar_p=1.0, **roll_kw))
+            saar_cfg=mode_cfg, saar_p=1.0, progress=out_dir is not None, **roll_kw))
         rows = [dict(id=p.id, ok=bool(reward.grade(p.task, tr.final_text(tokenizer), answer=p.answer, tests=p.tests,
-                                                   sandbox=sandbox)),
+                                                   sandbox=sandbox, math_grader=args.math_grader)),
                      calls=tr.num_first_calls, errors=tr.num_first_errors) for p, tr in zip(mine, trajs)]
         if world > 1:
             parts = [None] * world
@@ -516,9 +609,15 @@ def _evaluate(loop, eng, sandbox, tokenizer, problems, args, *, step, out_dir, s
         results[f"{key}_tool_err"] = sum(r["errors"] for r in rows) / max(1, calls)  # first attempts, SAAR's excluded
         results[f"{key}_tool_calls"] = calls / max(1, len(rows))
         records += [dict(r, eval=key) for r in rows]
-    if out_dir is not None:
-        with open(os.path.join(out_dir, f"eval_step{step:06d}.jsonl"), "w") as f:
+    if out_dir is not None:  # an earlier evaluation of this step keeps its other kinds (--eval-only adds some)
+        path = os.path.join(out_dir, f"eval_step{step:06d}.jsonl")
+        if os.path.exists(path):
+            kinds = {r["eval"] for r in records}
+            with open(path) as f:
+                records = [r for r in map(json.loads, f) if r["eval"] not in kinds] + records
+        with open(path + ".tmp", "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in records)
+        os.replace(path + ".tmp", path)
     results["t_eval"] = time.perf_counter() - t0
     return results
 
@@ -552,6 +651,8 @@ def _summary(out: str, last_step: int) -> list[str]:
         a = {r["id"]: r for r in start if r["eval"] == key}
         b = {r["id"]: r for r in end if r["eval"] == key}
         ids = [i for i in a if i in b]
+        if not ids:  # a kind evaluated at one end only (--eval-only may add it later)
+            continue
         acc0, acc1 = (sum(d[i]["ok"] for i in ids) / max(1, len(ids)) for d in (a, b))
         err0, err1 = (sum(d[i]["errors"] for i in ids) / max(1, sum(d[i]["calls"] for i in ids)) for d in (a, b))
         gain, lo, hi = paired_ci([a[i]["ok"] for i in ids], [b[i]["ok"] for i in ids])
@@ -605,7 +706,7 @@ def _format_line(m: dict) -> str:
     if m.get("skipped_steps"):
         s += f" | fp16 overflow: {m['skipped_steps']} mini-batch(es) skipped, loss scale now {m['loss_scale']:g}"
     s += f" | first_err {m['first_tool_err']:.2f}"
-    if "eval_greedy_acc" in m:
+    if any(k.startswith("eval_") and k.endswith("_acc") for k in m):
         s += " | eval " + _format_eval(m)
     return s
 
@@ -634,9 +735,9 @@ def _metric_writers(out: str, args: Args):
     return write
 
 
-def _dump_rollouts(path: str, trajs, rewards, tokenizer):
+def _dump_rollouts(path: str, seen, tokenizer):
     with open(path, "w") as f:
-        for tr, r in zip(trajs, rewards):
+        for tr, r, _ in seen:
             f.write(json.dumps(dict(meta=tr.meta, reward=r, prompt=tokenizer.decode(tr.prompt_ids), response=tr.text,
                                     finish_reason=tr.finish_reason, truncated=tr.truncated, turns=tr.turns,
                                     saar=tr.saar, saar_events=tr.saar_events, num_tool_calls=tr.num_tool_calls,
@@ -649,6 +750,10 @@ def _write_run_info(out: str, args: Args, subprocess):
     git = lambda *a: subprocess.run(["git", *a], cwd=here, capture_output=True, text=True).stdout
     info = dict(args=dataclasses.asdict(args), seed=args.seed, commit=git("rev-parse", "HEAD").strip(),
                 argv=sys.argv, python=sys.version, time=time.strftime("%Y-%m-%d %H:%M:%S"))
+    if args.eval_only:  # the run's own record stays; each later evaluation adds a line
+        with open(os.path.join(out, "evals.jsonl"), "a") as f:
+            f.write(json.dumps(dict(info, diff=git("diff", "HEAD"))) + "\n")
+        return
     with open(os.path.join(out, "run.json"), "w") as f:
         json.dump(info, f, indent=2)
     with open(os.path.join(out, "git.diff"), "w") as f:
@@ -658,14 +763,28 @@ def _write_run_info(out: str, args: Args, subprocess):
         f.write("\n".join(sorted(f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions())) + "\n")
 
 
+def _args_of_run(args: Args) -> Args:
+    """--eval-only: the run's own settings (its run.json), with this call's run, eval and device flags."""
+    path = os.path.join(args.out_dir, args.run_name, "run.json")
+    if not args.run_name or not os.path.exists(path):
+        raise SystemExit(f"--eval-only: no run at {path}; name an existing run with --run-name (and --out-dir)")
+    with open(path) as f:
+        saved = json.load(f)["args"]
+    names = {f.name for f in dataclasses.fields(Args)}  # a run from an older commit may lack newer fields
+    mine = ("run_name", "out_dir", "resume", "eval_only", "eval_saar", "eval_sampled", "device", "wandb_project")
+    return dataclasses.replace(Args(**{k: v for k, v in saved.items() if k in names}),
+                               **{k: getattr(args, k) for k in mine})
+
+
 def _full_state(model) -> dict:
     """Whole (unsharded) weights on every rank; works for plain modules and FSDP2 alike."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
 
 
-def _save_checkpoint(path: str, model, optimizer, scheduler, scaler, step: int, master: bool):
-    """Model, optimizer, scheduler, loss scaler, step (= data position) and every RNG state; temp file then rename."""
+def _save_checkpoint(path: str, model, optimizer, scheduler, scaler, step: int, master: bool, data_pos: int | None):
+    """Model, optimizer, scheduler, loss scaler, step, data position (None: the step's own, step x prompts_per_step)
+    and every RNG state; temp file then rename."""
     import random
 
     import numpy as np
@@ -676,13 +795,13 @@ def _save_checkpoint(path: str, model, optimizer, scheduler, scaler, step: int, 
     if not master:
         return
     state = dict(model=msd, optimizer=osd, scheduler=scheduler.state_dict(), scaler=dataclasses.asdict(scaler), step=step,
-                 rng=dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state()))
+                 data_pos=data_pos, rng=dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state()))
     tmp = path + ".tmp"
     torch.save(state, tmp)
     os.replace(tmp, path)  # a kill mid-save leaves the previous checkpoint intact
 
 
-def _load_checkpoint(path: str, model, optimizer, scheduler, scaler) -> int:
+def _load_checkpoint(path: str, model, optimizer, scheduler, scaler) -> tuple[int, int | None]:
     import random
 
     import numpy as np
@@ -697,7 +816,7 @@ def _load_checkpoint(path: str, model, optimizer, scheduler, scaler) -> int:
     random.setstate(state["rng"]["python"])
     np.random.set_state(state["rng"]["numpy"])
     torch.set_rng_state(state["rng"]["torch"])
-    return int(state["step"])
+    return int(state["step"]), state.get("data_pos")
 
 
 def _save_hf(path: str, model, tokenizer, master: bool):

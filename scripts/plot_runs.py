@@ -6,6 +6,8 @@ what train.py wrote: metrics.jsonl (one line per step, step 0 is the held-out ba
     python scripts/plot_runs.py out/saar-on-s0 out/saar-on-s1 out/saar-off-s0 out/saar-off-s1 --out docs/img
 
 Writes one PNG per figure into --out and prints a markdown table of final figures (mean +- std over seeds).
+With two arms, it also pairs them seed by seed on the same held-out problems (the runs' last eval_step*.jsonl):
+the accuracy difference of the second arm's policy minus the first's, with its paired 95% CI.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import json
 import os
 import re
 import statistics
+import sys
 from collections import defaultdict
 
 # (metrics.jsonl key, title, y label); eval keys exist only on evaluated steps
@@ -29,6 +32,11 @@ FIGURES = [
 
 def arm_of(run: str) -> str:
     return re.sub(r"-s\d+$", "", os.path.basename(os.path.normpath(run)))
+
+
+def seed_of(run: str) -> str | None:
+    m = re.search(r"-s(\d+)$", os.path.basename(os.path.normpath(run)))
+    return m.group(1) if m else None
 
 
 def read_metrics(run: str) -> list[dict]:
@@ -115,6 +123,34 @@ def table(runs_by_arm: dict[str, list[str]], metrics: dict[str, list[dict]]) -> 
     return "\n".join(lines)
 
 
+def paired_arms(runs_by_arm: dict[str, list[str]]) -> list[str]:
+    """Per seed, the end-of-run held-out accuracy of arm A minus arm B on the same problems, per evaluation kind."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from train import paired_ci  # the same paired CI as a run's own summary
+    (a, runs_a), (b, runs_b) = runs_by_arm.items()
+    lines, diffs = [], defaultdict(list)
+    for ra in runs_a:
+        rb = next((r for r in runs_b if seed_of(r) is not None and seed_of(r) == seed_of(ra)), None)
+        ends = [sorted(f for f in os.listdir(r) if re.fullmatch(r"eval_step\d+\.jsonl", f)) for r in (ra, rb or ra)]
+        if rb is None or not all(ends):
+            continue
+        recs = [[json.loads(x) for x in open(os.path.join(r, e[-1]))] for r, e in ((ra, ends[0]), (rb, ends[1]))]
+        for key in dict.fromkeys(r["eval"] for r in recs[0]):
+            ok_a = {r["id"]: r["ok"] for r in recs[0] if r["eval"] == key}
+            ok_b = {r["id"]: r["ok"] for r in recs[1] if r["eval"] == key}
+            ids = [i for i in ok_a if i in ok_b]
+            if not ids:
+                continue
+            d, lo, hi = paired_ci([ok_b[i] for i in ids], [ok_a[i] for i in ids])
+            diffs[key].append(d)
+            lines.append(f"seed {seed_of(ra)}, {key}: {a} - {b} = {100 * d:+.1f} pts (95% CI {100 * lo:+.1f}..{100 * hi:+.1f}, "
+                         f"{len(ids)} problems)")
+    for key, ds in diffs.items():
+        sd = statistics.stdev(ds) if len(ds) > 1 else 0.0
+        lines.append(f"{key}: {a} - {b} over {len(ds)} seeds = {100 * statistics.mean(ds):+.1f} ± {100 * sd:.1f} pts")
+    return lines
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("runs", nargs="+", help="train.py run folders (out/<run>)")
@@ -127,6 +163,9 @@ def main():
     for path in plot(runs_by_arm, metrics, a.out):
         print(f"wrote {path}")
     print(table(runs_by_arm, metrics))
+    if len(runs_by_arm) == 2:
+        for line in paired_arms(runs_by_arm):
+            print(line)
     for arm, runs in runs_by_arm.items():
         for r in runs:
             s = os.path.join(r, "summary.json")

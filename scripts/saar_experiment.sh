@@ -1,20 +1,28 @@
 #!/usr/bin/env bash
-# SAAR on vs off on the CPU demo (issue: does SAAR change what the policy learns?): 3 seeds per arm at the
-# demo's budget, held-out evaluated with test-time SAAR off (the policy's own tool use) and on; then the
-# curves (docs/img/*.png) and the table of final figures. Each run is `python train.py` plus the flags below.
-#   bash scripts/saar_experiment.sh                 # 6 runs, ~25 min each on 2 cores
+# SAAR on vs off on the CPU demo (does SAAR change what the policy learns?): 3 seeds per arm at the demo's
+# budget. Each run is `python train.py --seed N` (the saar-on arm is exactly the demo) or with --no-saar;
+# each is then evaluated again with test-time SAAR on, at its warm start and at its end (train.py
+# --eval-only), so the held-out set is scored with test-time SAAR off (the policy's own tool use) and on.
+# Then the curves (docs/img/*.png) and the table of final figures.
+#   bash scripts/saar_experiment.sh                 # 6 runs, ~20 min each on 2 cores, plus ~7 min of evaluation each
 #   SEEDS="0 1" bash scripts/saar_experiment.sh --steps 20
+# Finished pieces are kept (a run with summary.json, an evaluation already in eval_step*.jsonl); delete a
+# folder to redo it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SEEDS=${SEEDS:-"0 1 2"}
 runs=()
 for seed in $SEEDS; do
   for arm in saar-on saar-off; do
+    run="$arm-s$seed"
     flag=$([ "$arm" = saar-on ] && echo --saar || echo --no-saar)
-    if [ ! -f "out/$arm-s$seed/summary.json" ]; then  # finished runs are kept; rerun by deleting the folder
-      python train.py --run-name "$arm-s$seed" --seed "$seed" $flag --eval-saar both "$@"
-    fi
-    runs+=("out/$arm-s$seed")
+    [ -f "out/$run/summary.json" ] || python train.py --run-name "$run" --seed "$seed" $flag "$@"
+    grep -q eval_greedy_saar "out/$run/eval_step000000.jsonl" ||
+      python train.py --run-name "$run" --eval-only --eval-saar on              # the warm start
+    last=$(ls "out/$run"/eval_step*.jsonl | sort | tail -1)
+    grep -q eval_greedy_saar "$last" ||
+      python train.py --run-name "$run" --eval-only --eval-saar on --resume     # the trained policy
+    runs+=("out/$run")
   done
 done
 python scripts/plot_runs.py "${runs[@]}" --out docs/img

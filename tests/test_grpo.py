@@ -57,6 +57,23 @@ def make_batch(lengths, seed=0, prompt=3, adv=None):
 
 # ----------------------------------------------------------------------------- advantages
 
+def test_warmup_multipliers_ours_and_verls():
+    ours, verl = grpo.warmup_lambda(4), grpo.warmup_lambda(4, from_zero=True)
+    assert [ours(i) for i in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    assert [verl(i) for i in range(6)] == [0.0, 0.25, 0.5, 0.75, 1.0, 1.0]  # veRL: the first step has lr 0
+
+
+def test_dynamic_sampling_keeps_only_groups_with_mixed_outcomes():
+    groups = ["a", "a", "b", "b", "c", "c", 7, 7]
+    outcomes = [True, False, True, True, False, False, False, True]
+    assert grpo.groups_with_signal(groups, outcomes) == {"a", 7}
+    # exactly the groups whose advantages are not all zero
+    adv, _ = grpo.compute_advantages([1.0 if o else -1.0 for o in outcomes], groups)
+    assert {g for g, a in zip(groups, adv.tolist()) if a != 0} == {"a", 7}
+    with pytest.raises(ValueError):
+        grpo.groups_with_signal(groups, outcomes[:-1])
+
+
 def test_equal_rewards_give_zero_advantage_and_zero_gradient():
     rewards = [1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.1, 0.1, 0.1, 0.1]
     adv, st = grpo.compute_advantages(rewards, group_size=4)
@@ -145,7 +162,7 @@ def test_aggregation_modes_match_hand_computation():
     mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]])  # row sums of -A: -3 over 2 tokens, -8 over 4
     logp = torch.zeros(2, 4)
     want = {"token-mean": -11 / 6, "seq-mean-token-sum": -5.5, "seq-mean-token-mean": (-1.5 - 2.0) / 2,
-            "seq-mean-token-sum-norm": (-3 - 8) / 2 / 10}
+            "seq-mean-token-sum-norm": (-3 - 8) / 2 / 10, "verl-token-mean": -11 / 6}  # verl: one micro-batch
     for agg, w in want.items():
         loss, _ = grpo.policy_loss(logp, logp, adv, mask, agg=agg, max_len=10)
         assert loss.item() == pytest.approx(w), agg
@@ -159,6 +176,13 @@ def test_aggregation_modes_match_hand_computation():
     assert grpo.policy_loss(logp, logp, adv, mask, normaliser=11)[0].item() == pytest.approx(-1.0)
     assert grpo.policy_loss(logp, logp, adv, mask, agg="seq-mean-token-sum", normaliser=4)[0].item() == \
         pytest.approx(-11 / 4)
+    # veRL's token-mean when each sequence is its own micro-batch: each micro's token-mean times its share (1/2)
+    # of the mini-batch's sequences, summed by gradient accumulation; our token-mean weights tokens equally
+    verl = sum(grpo.policy_loss(logp[i:i + 1], logp[i:i + 1], adv[i:i + 1], mask[i:i + 1], agg="verl-token-mean",
+                                normaliser=2)[0].item() for i in range(2))
+    ours = sum(grpo.policy_loss(logp[i:i + 1], logp[i:i + 1], adv[i:i + 1], mask[i:i + 1], normaliser=6)[0].item()
+               for i in range(2))
+    assert verl == pytest.approx(-3 / 2 / 2 - 8 / 4 / 2) and ours == pytest.approx(-11 / 6)
     with pytest.raises(ValueError, match="max_len"):
         grpo.policy_loss(logp, logp, adv, mask, agg="seq-mean-token-sum-norm")
     with pytest.raises(ValueError, match="agg"):
@@ -297,7 +321,7 @@ def _params(model):
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("agg", grpo.AGG_MODES)
+@pytest.mark.parametrize("agg", [a for a in grpo.AGG_MODES if a != "verl-token-mean"])  # veRL's depends on the cut
 def test_global_normaliser_makes_micro_batches_equal_one_batch(agg):
     lengths = [40, 12, 33, 9, 27, 18, 50, 6]
     batch = make_batch(lengths)

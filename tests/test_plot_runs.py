@@ -18,6 +18,9 @@ def write_run(folder: Path, rewards: list[float], acc0: float, acc1: float, err:
                   saar_similarity=[0.4, 0.7]) for i, r in enumerate(rewards)]
     rows[-1].update(eval_greedy_acc=acc1, eval_greedy_tool_err=0.25)
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + "{broken line\n")
+    # the last evaluation per problem: 10 problems, the first round(10 * acc1) solved
+    recs = [dict(id=f"p{i}", ok=i < round(10 * acc1), calls=1, errors=0, eval="eval_greedy") for i in range(10)]
+    (folder / f"eval_step{len(rewards):06d}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
 
 
 def test_arm_names():
@@ -43,3 +46,6 @@ def test_plots_and_table(tmp_path):
     assert table["on"][0] == "2" and table["on"][1] == "0.600 ± 0.000" and table["on"][4] == "0.250 ± 0.354"
     assert table["off"][0] == "1" and table["off"][4] == "-1.000 ± 0.000"
     assert table["on"][2] == "-"  # no test-time SAAR evaluation in these runs
+    # two arms: paired seed by seed on the same problems (seed 0 only: off has no s1); on solves p0-p5, off p0-p3
+    assert "seed 0, eval_greedy: on - off = +20.0 pts (95% CI" in run.stdout
+    assert "eval_greedy: on - off over 1 seeds = +20.0 ± 0.0 pts" in run.stdout

@@ -241,3 +241,16 @@ def test_output_too_big_for_the_sandbox_is_a_grader_error(sb):
     tests = [{"input": "", "output": "7\n" * 40000}]
     with pytest.raises(ValueError, match="does not fit the sandbox's max_output_bytes"):
         grade_code(fenced("print('7\\n' * 40000)"), tests, sandbox=sb)
+
+
+def test_strict_box_is_the_official_exact_match():
+    """--math-grader strict-box (veRL math_dapo, strict box verification): the last box in the last 100
+    characters, compared as a string; math-verify (ours) is more lenient."""
+    grade = lambda text, gold, g: reward.grade("math", text, answer=gold, math_grader=g)  # noqa: E731
+    assert grade("So the answer is \\boxed{42}.", "42", "strict-box")
+    for text in ("\\boxed{42.0}", "\\boxed{ 42}", "\\boxed{42}" + " and that is all." * 8, "42"):
+        assert not grade(text, "42", "strict-box"), text
+    assert grade("\\boxed{42.0}", "42", "math-verify") and grade("\\boxed{ 42}", "42", "math-verify")
+    assert grade("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}", "strict-box")
+    with pytest.raises(ValueError, match="math_grader"):
+        grade("\\boxed{1}", "1", "exact")

@@ -204,3 +204,45 @@ def test_importance_correction_refuses_a_temperature_it_cannot_match(tok, sb):
     cfg = saar.SaarConfig(is_mode="token")
     with pytest.raises(ValueError, match="needs temperature 1.0, got 0.7"):
         run(tok, sb, [call("print(1)")], saar_cfg=cfg, saar_p=1.0, temperature=0.7)
+
+
+@pytest.mark.parametrize("echo,shown", [(False, "[no output]"), (True, "42\n")])
+def test_tool_echo_shows_a_final_expression(tok, sb, echo, shown):
+    """--tool-echo: a stateless call ending in a bare expression shows its value (the official tool's wrapper)."""
+    turns = [call("x = 6 * 7\nx"), "So \\boxed{42}.<|im_end|>"]
+    traj, _, _ = run(tok, sb, turns, echo=echo)
+    assert traj.turns[0]["ok"] and traj.turns[0]["output"] == shown
+
+
+def test_repair_json_reads_a_call_the_strict_parser_rejects(tok, sb):
+    """A literal newline inside the JSON code string: strict JSON fails the call; --repair-json (the official
+    parser, json_repair) runs it."""
+    turn = 'Let me compute.\n<tool_call>\n{"name": "code_interpreter", "arguments": {"code": "x = 6*7\nprint(x)"}}\n</tool_call>'
+    assert rollout.parse_call(turn, "hermes").error.startswith("malformed tool call: invalid JSON")
+    assert rollout.parse_call(turn, "hermes", repair=True).code == "x = 6*7\nprint(x)"
+    assert rollout.parse_call(turn.replace("code_interpreter", "shell"), "hermes", repair=True).error.startswith(
+        "malformed tool call: unknown tool")
+    traj, _, _ = run(tok, sb, [turn, "So \\boxed{42}.<|im_end|>"], repair_json=True)
+    assert traj.turns[0]["ok"] and traj.turns[0]["output"] == "42\n"
+
+
+def test_tool_call_cap_that_only_stops_saar(tok, sb):
+    """--no-tool-cap-ends (the official code): past the cap the trajectory goes on and calls still run, but a
+    failed call is no longer purified."""
+    turns = [call("print(1)"), call("print(2)"), call("print(undefined_b)"), call("print(4)"), "\\boxed{4}<|im_end|>"]
+    traj, _, _ = run(tok, sb, turns, max_tool_calls=2, cap_ends=False, saar_cfg=SAAR, saar_p=1.0)
+    assert traj.finish_reason == "answer" and traj.num_tool_calls == 4
+    assert [t["ok"] for t in traj.turns] == [True, True, False, True]  # the failure stays in the sequence
+    assert [e["kind"] for e in traj.saar_events] == ["given_up"] and traj.saar_events[0]["retry"] == 0
+
+
+def test_saar_never_appends_an_error_past_the_response_budget(tok, sb):
+    """A failed call that leaves no room for its error turn: SAAR gives up instead of appending it, and the
+    response stays within max_response_tokens (it once came out 57 tokens long on a budget of 34)."""
+    bad = call("print(undefined_c)")
+    budget = len(ids(tok, bad)) + 4  # the error turn alone is longer than what is left
+    traj, eng, prompt = run(tok, sb, [bad, "\\boxed{1}<|im_end|>"], saar_cfg=SAAR, saar_p=1.0,
+                            max_response_tokens=budget)
+    assert len(traj.response_ids) <= budget and traj.finish_reason == "length" and traj.truncated
+    assert [(e["kind"], e.get("reason")) for e in traj.saar_events] == [("given_up", "budget")]
+    assert len(eng.inputs) == 1  # nothing was generated after the failed call

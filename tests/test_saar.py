@@ -118,3 +118,22 @@ def test_markdown_shallow_and_code_similarity():
     assert on_code == pytest.approx(saar.similarity("x = 3\nprint(x * 2)", "import math\nprint(math.pi)"))
     with pytest.raises(ValueError, match="sim_on"):
         saar.replace_turn(a, b, tokenizer=q, sim_on="bogus")
+
+
+def test_sim_eos_compares_the_call_as_the_official_loop_has_it():
+    """The official call segment runs to the end of the turn, <|im_end|> included; ours stops at </tool_call>.
+    Ten equal characters more on both sides lift a ratio just below gamma over it: sim_eos makes that decision."""
+    tok = load_tokenizer("tiny-qwen3")
+    flipped = None
+    for k in range(1, 200):  # two unrelated codes of growing length: the ratio falls through 0.5
+        old, new = enc(tok, hermes("Try.\n", "a" * k)), enc(tok, hermes("Again.\n", "b" * k))
+        ours = saar.replace_turn(old, new, tokenizer=tok)
+        official = saar.replace_turn(old, new, tokenizer=tok, sim_eos=True)
+        if ours.kind != official.kind:
+            flipped = k
+            break
+    assert flipped is not None and (ours.kind, official.kind) == ("deep", "shallow")
+    seg = lambda code: hermes("", code)  # noqa: E731
+    assert ours.similarity == difflib.SequenceMatcher(None, seg("a" * k), seg("b" * k)).ratio() < 0.5
+    assert official.similarity == difflib.SequenceMatcher(None, seg("a" * k) + "<|im_end|>",
+                                                          seg("b" * k) + "<|im_end|>").ratio() >= 0.5

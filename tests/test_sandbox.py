@@ -208,6 +208,23 @@ def test_a_forged_result_frame_is_cut(sb, contained):
     assert len(r.text) < 2 * sb.max_output_bytes + 1000 and r.error_line == "E: forged"
 
 
+def test_code_cannot_pass_its_own_failure_off_as_the_sandboxs(sb, contained):
+    """Each of these once ended as sandbox_internal, with the code run a second time and a traceback on the
+    trainer's stderr; the third also skipped the wipe, so the next run saw this run's files."""
+    expect(sb.run("import os\nos.kill(os.getpid(), 40)"), "crash", "signal 40")  # signal.Signals(40) raises
+    nested = "import os, struct\nopen('left', 'w').write('x')\nd = b'[' * 200_000\n" \
+             "os.write(3, struct.pack('>I', len(d)) + d)\nos._exit(3)"
+    expect(sb.run(nested), "crash")  # json's RecursionError on the frame: a garbled frame, the code's failure
+    for _ in range(4):  # both slots: the wipe ran
+        assert sb.run("import os\nprint(os.listdir('.'))").text == "[]\n"
+    forged = "import json, os, struct, time\ntime.sleep(1)\n" \
+             "d = json.dumps({'kind': 'sandbox_internal', 'detail': 'forged'}).encode()\n" \
+             "os.write(3, struct.pack('>I', len(d)) + d)\nos._exit(121)"
+    t0 = time.monotonic()
+    r = sb.run(forged)
+    assert r.error_kind == "sandbox_internal" and time.monotonic() - t0 < 1.9  # reported once, not run again
+
+
 def test_large_output_is_not_a_timeout(sb, contained):
     # More than a pipe buffer: if nobody drained it the child would block until the timeout.
     r = sb.run("print('y' * 300_000)\nfor i in range(20_000):\n    print(i)\nprint('end')", timeout_s=10)
@@ -298,6 +315,28 @@ def test_deep_recursion_is_compact(sb, contained):
     assert len(r.text.splitlines()) <= 20
     assert r.error_line == "RecursionError: maximum recursion depth exceeded"
     assert r.short_text == r.error_line
+
+
+def test_echo_of_a_final_expression_only_when_asked(sb, contained):
+    """The official tool prints the repr of a last bare expression (not None); ours is a script unless echo."""
+    assert sb.run("x = 2 + 3\nx", echo=True).text == "5\n"
+    assert sb.run("x = 2 + 3\nx").text == ""
+    assert sb.run("'a' * 2", echo=True).text == "'aa'\n"
+    assert sb.run("print(1)", echo=True).text == "1\n"  # print returns None: nothing more
+    assert sb.run("x = 1", echo=True).text == ""
+
+
+def test_a_deep_directory_tree_does_not_break_a_worker(sb, contained):
+    """mkdir + chdir 1500 levels deep: shutil.rmtree's recursion would fail on it and leave the worker answering
+    every later call with an internal error (and run() would execute the code twice). Each slot takes it."""
+    where = ["."] + (["/dev/shm"] if "bwrap" in sb.layers else [])  # bwrap's /dev/shm is the sandbox's own
+    for base in where:
+        code = f"import os\nos.chdir({base!r})\nfor _ in range(1500):\n    os.mkdir('d')\n    os.chdir('d')\nprint('deep')"
+        for _ in range(4):  # two slots, each more than once
+            r = sb.run(code)
+            assert r.ok and r.text == "deep\n", r.text
+    r = sb.run("import os\nprint(sorted(os.listdir('.')), [n for n in os.listdir('/dev/shm') if n == 'd'])")
+    assert r.ok and r.text == "[] []\n", r.text
 
 
 def test_syntax_error_shows_the_line(sb, contained):

@@ -76,6 +76,32 @@ def test_layout_is_the_rollouts_token_for_token(name, fmt, sb):
         assert traj.turns[0]["output"].strip() == prob.answer
 
 
+@pytest.mark.parametrize("fmt", ["markdown", "hermes"])
+def test_fix_conversations_read_the_real_error_then_call_again(fmt, sb):
+    """--fix-fraction 1: every conversation breaks its first call, reads the sandbox's own error text and calls
+    again with working code; a rollout (SAAR off) whose model samples the masked turns builds the same tokens."""
+    tok = tokenizer("tiny-qwen3")
+    convs = sft.synth_conversations(6, seed=5, tool_format=fmt, fix_fraction=1.0)
+    problems = synth.make_problems(6, 5, difficulty="warmup")
+    errors = set()
+    for conv, prob in zip(convs, problems):
+        assert [m["role"] for m in conv["messages"]] == ["user", "assistant", "tool", "assistant", "tool", "assistant"]
+        ids, mask = sft.encode_conversation(tok, conv["messages"], tool_format=fmt)
+        prompt = rollout.prompt_ids(tok, prob.problem, "math", fmt)
+        eng = ScriptedEngine(tok, [tok.decode(t) for m, t in segments(ids, mask) if m == 1])
+        traj = asyncio.run(rollout.rollout_one(eng, sb, tok, prompt, tool_format=fmt, seed=0))
+        assert traj.prompt_ids + traj.response_ids == ids and [0] * len(prompt) + traj.loss_mask == mask
+        assert [t["ok"] for t in traj.turns] == [False, True] and traj.finish_reason == "answer"
+        assert traj.turns[1]["output"].strip() == prob.answer
+        errors.add(conv["messages"][2]["content"].strip().splitlines()[-1].split(":")[0])
+    assert errors & {"NameError", "SyntaxError"}, errors
+    plain = sft.synth_conversations(6, seed=5, tool_format=fmt)
+    assert plain == sft.synth_conversations(6, seed=5, tool_format=fmt, fix_fraction=0.0)
+    assert [c["messages"][-1] for c in plain] == [c["messages"][-1] for c in convs]
+    with pytest.raises(ValueError, match="fix_fraction"):
+        sft.synth_conversations(2, seed=5, tool_format=fmt, fix_fraction=1.5)
+
+
 def test_openai_messages_with_tool_calls(tmp_path):
     tok = tokenizer("tiny-qwen3")
     code = "x = 2 ** 10\nprint(x)"

@@ -152,3 +152,87 @@ def test_held_out_eval_before_and_after_with_summary(tmp_path):
     assert summary["lines"][0] in run.stdout
     m = metrics(folder)
     assert "eval_greedy_acc" in m[0] and "eval_greedy_saar_acc" in m[1] and "first_tool_err" in m[1]
+
+
+def test_eval_only_adds_test_time_saar_to_a_finished_run(tmp_path):
+    """--eval-only scores an existing run's warm start (step 0) or, with --resume, its checkpoint, with the run's
+    own settings: the new kind joins eval_step*.jsonl, metrics.jsonl and the summary; run.json stays the run's."""
+    def train_py(*extra):
+        r = subprocess.run([sys.executable, "train.py", *SMALL, "--out-dir", str(tmp_path), "--run-name", "ev",
+                            "--eval-size", "3", *extra], cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        return r.stdout
+    train_py("--steps", "1")
+    folder = tmp_path / "ev"
+    run_json = (folder / "run.json").read_text()
+    ckpt = (folder / "ckpt.pt").stat().st_mtime_ns
+    # the eval flags are this call's; a different --seed here must not change which run is evaluated
+    out0 = train_py("--eval-only", "--eval-saar", "on", "--seed", "99")
+    out1 = train_py("--eval-only", "--eval-saar", "on", "--resume")
+    assert "eval step 0 | greedy_saar acc" in out0 and "eval step 1 | greedy_saar acc" in out1
+    for s in (0, 1):
+        rows = [json.loads(x) for x in (folder / f"eval_step{s:06d}.jsonl").read_text().splitlines()]
+        assert sorted(r["eval"] for r in rows) == ["eval_greedy"] * 3 + ["eval_greedy_saar"] * 3
+        assert sorted(r["id"] for r in rows if r["eval"] == "eval_greedy_saar") == \
+            sorted(r["id"] for r in rows if r["eval"] == "eval_greedy")  # the run's own held-out set (its seed)
+    assert (folder / "run.json").read_text() == run_json and (folder / "ckpt.pt").stat().st_mtime_ns == ckpt
+    assert len((folder / "evals.jsonl").read_text().splitlines()) == 2
+    summary = json.loads((folder / "summary.json").read_text())
+    assert set(summary) >= {"eval_greedy", "eval_greedy_saar"} and summary["eval_greedy_saar"]["n"] == 3
+    merged = {}  # a step's lines add up (scripts/plot_runs.py reads them so)
+    for r in map(json.loads, (folder / "metrics.jsonl").read_text().splitlines()):
+        merged[r["step"]] = {**merged.get(r["step"], {}), **r}
+    assert all({"eval_greedy_acc", "eval_greedy_saar_acc"} <= set(merged[s]) for s in (0, 1)) and "reward" in merged[1]
+
+
+def test_eval_only_names_a_missing_run(tmp_path):
+    args = train.parse_args(train.Args, ["--out-dir", str(tmp_path), "--run-name", "nope", "--eval-only"])
+    with pytest.raises(SystemExit, match="no run at .*nope"):
+        train.main(args)
+
+
+def test_dynamic_sampling_drops_groups_without_signal_and_keeps_the_data_position(tmp_path):
+    """--dynamic-sampling: the random tiny model gets every problem wrong, so every group is dropped, each step
+    takes --max-sample-rounds rounds, trains on nothing, and the checkpoint holds where the data got to."""
+    run = subprocess.run([sys.executable, "train.py", *SMALL, "--out-dir", str(tmp_path), "--run-name", "ds",
+                          "--steps", "2", "--dynamic-sampling", "--max-sample-rounds", "3"],
+                         cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    m = metrics(tmp_path / "ds")
+    for s in (1, 2):
+        assert m[s]["sample_rounds"] == 3 and m[s]["dropped_groups"] == 3 * 2 and m[s]["adv_n"] == 0
+        assert m[s]["acc"] == 0.0 and "loss" not in m[s]  # no update ran
+    state = torch.load(tmp_path / "ds" / "ckpt.pt", weights_only=False)
+    assert state["step"] == 2 and state["data_pos"] == 2 * 3 * 2
+
+
+@pytest.mark.parametrize("unit,want", [("optimizer", [1e-3, 1e-3, 1e-3]), ("train", [0.0, 5e-4, 1e-3])])
+def test_warmup_unit(tmp_path, unit, want):
+    """Two optimizer steps per GRPO step, 2 warmup steps: ours reaches the full lr within the first GRPO step;
+    veRL's (--warmup-unit train) steps once per GRPO step from 0, so the first step's lr is 0."""
+    run = subprocess.run([sys.executable, "train.py", *SMALL, "--out-dir", str(tmp_path), "--run-name", unit,
+                          "--steps", "3", "--warmup-steps", "2", "--warmup-unit", unit],
+                         cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    m = metrics(tmp_path / unit)
+    assert [m[s]["lr"] for s in (1, 2, 3)] == pytest.approx(want) and m[1]["n_mini_batches"] == 2
+
+
+def test_long_prompts_are_dropped_at_load_time_and_counted(tmp_path):
+    """--max-prompt-tokens (the official 2560): a training row whose prompt is too long never reaches the update,
+    where prompt + response could overflow a micro-batch; the run says how many it dropped and goes on."""
+    rows = [dict(id=f"p{i}", problem=f"What is {i} + {i}?", answer=str(2 * i), task="math") for i in range(3)]
+    rows.append(dict(id="long", problem="Add these numbers: " + " + ".join(["1"] * 400) + ".", answer="400", task="math"))
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = subprocess.run([sys.executable, "train.py", *SMALL, "--out-dir", str(tmp_path), "--run-name", "lp",
+                          "--steps", "2", "--train-data", str(data), "--max-prompt-tokens", "300"],
+                         cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "dropped 1 of 4 training problems whose prompt is longer than --max-prompt-tokens 300" in run.stdout
+    dumped = [json.loads(x) for f in sorted((tmp_path / "lp" / "rollouts").iterdir()) for x in f.read_text().splitlines()]
+    assert dumped and all("Add these numbers" not in d["prompt"] for d in dumped)
