@@ -45,6 +45,7 @@ import math
 import re
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,7 +62,7 @@ class Args:
     model: str = "smollm2-135m"
     """model name or path (resolved by data/models.py)"""
     benchmarks: str = "aime24,aime25,gpqa,lcb"
-    """comma-separated benchmarks: aime24, aime25, gpqa, lcb"""
+    """comma-separated benchmarks, of BENCHMARKS: aime24, aime25, gpqa, lcb"""
     limit: int = 0
     """evaluate only the first N problems of each benchmark (0: all)"""
     score: str = ""
@@ -91,8 +92,24 @@ class Args:
     """hermes, markdown, or auto (hermes when the tokenizer has a <tool_call> token)"""
     max_turns: int = 16
     """most assistant turns in one trajectory"""
+    max_tool_calls: int = 30
+    """tool executions per trajectory, SAAR retries included"""
+    tool_cap_ends: bool = True
+    """reaching --max-tool-calls ends the trajectory; --no-tool-cap-ends: only SAAR stops (the official code)"""
+    tool_echo: bool = False
+    """a call also prints the repr of its final bare expression when not None (the official tool)"""
+    repair_json: bool = False
+    """parse hermes calls with json_repair, as the official parser does"""
     tool_timeout_s: float = 4.0
     """per-call time limit of the model's tool"""
+    gamma: float = 0.5
+    """test-time SAAR: similarity threshold, >= gamma shallow (keep the old reasoning), else deep"""
+    max_retries: int = 3
+    """test-time SAAR: regenerations per failed turn before giving up"""
+    sim_on: str = "call"
+    """test-time SAAR: similarity on the decoded call text (official code) or on the extracted code"""
+    sim_eos: bool = False
+    """test-time SAAR: the call text runs to the end of the turn, <|im_end|> included (official)"""
     engine: str = "hf"
     """hf (transformers) or sglang (GPU)"""
     engine_batch: int = 32
@@ -121,9 +138,7 @@ class Args:
     """responses graded in parallel (code runs in the sandbox)"""
 
 
-BENCHMARKS = ("aime24", "aime25", "gpqa", "lcb")
 SAAR_MODES = ("paper", "on", "off", "both")
-TASK = {"aime24": "math", "aime25": "math", "gpqa": "gpqa", "lcb": "code"}
 
 
 class EvalError(ValueError):
@@ -138,10 +153,6 @@ def parse_benchmarks(spec: str) -> list[str]:
         if name not in BENCHMARKS:
             raise EvalError(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}")
     return list(dict.fromkeys(names))
-
-
-def samples_per_problem(args: Args, benchmark: str) -> int:
-    return args.lcb_n if benchmark == "lcb" else args.n
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -229,14 +240,34 @@ def _jsonl_rows(path: Path):
                 raise EvalError(f"{path}:{lineno}: malformed JSON line ({e.msg} at column {e.colno})") from None
 
 
+@dataclass(frozen=True)
+class Benchmark:
+    task: str            # the grader (reward.grade): math, gpqa or code
+    load: Callable       # (args) -> list[Problem]
+    n: Callable          # (args) -> samples per problem
+    paper_saar: bool     # test-time SAAR in the official eval scripts (--saar paper)
+    reload: Callable | None = None  # (args, ids) -> the Problems whose tests --score needs (records hold no gold)
+
+
+# The benchmarks, in one table: adding one is one entry (and its loader)
+BENCHMARKS = {
+    "aime24": Benchmark("math", lambda a: load_aime("aime24", a.data_dir, a.limit), lambda a: a.n, True),
+    "aime25": Benchmark("math", lambda a: load_aime("aime25", a.data_dir, a.limit), lambda a: a.n, True),
+    "gpqa": Benchmark("gpqa", lambda a: load_gpqa(a.gpqa_path, a.gpqa_seed, a.limit, a.gpqa_zip_password),
+                      lambda a: a.n, True),
+    "lcb": Benchmark("code", lambda a: load_lcb(a.lcb_dir, a.lcb_start, a.lcb_end, a.limit), lambda a: a.lcb_n, False,
+                     reload=lambda a, ids: load_lcb(a.lcb_dir, ids=ids)),
+}
+
+
 def load_benchmark(name: str, args: Args) -> list[Problem]:
-    if name in ("aime24", "aime25"):
-        return load_aime(name, args.data_dir, args.limit)
-    if name == "gpqa":
-        return load_gpqa(args.gpqa_path, args.gpqa_seed, args.limit, args.gpqa_zip_password)
-    if name == "lcb":
-        return load_lcb(args.lcb_dir, args.lcb_start, args.lcb_end, args.limit)
-    raise EvalError(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}")
+    if name not in BENCHMARKS:
+        raise EvalError(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}")
+    return BENCHMARKS[name].load(args)
+
+
+def samples_per_problem(args: Args, benchmark: str) -> int:
+    return BENCHMARKS[benchmark].n(args)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -248,7 +279,7 @@ def saar_settings(args: Args, benchmark: str) -> list[bool]:
     off for LiveCodeBench ("paper"); "both" runs each benchmark twice, so the two can be compared."""
     if args.saar not in SAAR_MODES:
         raise EvalError(f"--saar must be one of {', '.join(SAAR_MODES)}, got {args.saar!r}")
-    return {"on": [True], "off": [False], "both": [False, True], "paper": [benchmark != "lcb"]}[args.saar]
+    return {"on": [True], "off": [False], "both": [False, True], "paper": [BENCHMARKS[benchmark].paper_saar]}[args.saar]
 
 
 def generate(args: Args, problems: list[Problem]) -> list[dict]:
@@ -281,6 +312,12 @@ def generate(args: Args, problems: list[Problem]) -> list[dict]:
                            mem_fraction_static=0.8)
     else:
         eng = HFEngine(models.load_model(args.model, device=device).eval(), tok, max_batch=args.engine_batch)
+    # the rollout's settings, once; test-time SAAR per benchmark below
+    roll_cfg = rollout.RolloutConfig(
+        tool_format=fmt, max_turns=args.max_turns, max_response_tokens=budget, max_tool_calls=args.max_tool_calls,
+        cap_ends=args.tool_cap_ends, tool_output_chars=256, echo=args.tool_echo, repair_json=args.repair_json,
+        temperature=args.temperature, top_p=args.top_p, saar_p=1.0, eos_ids=(tok.eos_token_id,))
+    saar_cfg = saar.SaarConfig(gamma=args.gamma, max_retries=args.max_retries, sim_on=args.sim_on, sim_eos=args.sim_eos)
     records = []
     loop = asyncio.new_event_loop()
     with Sandbox(slots=args.grade_workers, timeout_s=args.tool_timeout_s) as sb:
@@ -291,11 +328,8 @@ def generate(args: Args, problems: list[Problem]) -> list[dict]:
             ids = {p.id: rollout.prompt_ids(tok, p.problem, p.task, fmt) for p in mine}
             for use_saar in saar_settings(args, bench):
                 trajs = loop.run_until_complete(rollout.rollout_batch(
-                    eng, sb, tok, [ids[p.id] for p, _ in jobs], progress=True,
-                    seeds=[args.seed * 1_000_003 + k for k in range(len(jobs))],
-                    tool_format=fmt, max_turns=args.max_turns, max_response_tokens=budget,
-                    temperature=args.temperature, top_p=args.top_p, tool_output_chars=256,
-                    saar_cfg=saar.SaarConfig() if use_saar else None, saar_p=1.0, eos_ids=[tok.eos_token_id]))
+                    eng, sb, tok, [ids[p.id] for p, _ in jobs], roll_cfg, saar_cfg=saar_cfg if use_saar else None,
+                    seeds=[args.seed * 1_000_003 + k for k in range(len(jobs))], progress=True))
                 for (p, i), tr in zip(jobs, trajs):
                     records.append(dict(benchmark=bench, problem_id=p.id, sample_idx=i,
                                         response=tr.final_text(tok), num_tool_calls=tr.num_tool_calls,
@@ -313,7 +347,7 @@ def generate(args: Args, problems: list[Problem]) -> list[dict]:
 
 def grade_record(rec: dict, problem: Problem | None, sandbox=None, code_timeout_s: float = 6.0) -> dict:
     """Fill in pred, gold and correct of one record (in place; also returned)."""
-    task = TASK[rec["benchmark"]]
+    task = BENCHMARKS[rec["benchmark"]].task
     if task == "math":
         rec["pred"] = reward.extract_boxed(rec["response"])
         rec["correct"] = rec["pred"] is not None and reward.math_equal(rec["pred"], str(rec["gold"]))
@@ -331,12 +365,12 @@ def grade_records(records: list[dict], problems: dict[tuple[str, str], Problem],
     """Grade every record; records of answer benchmarks take gold from their problem when one is given."""
     for rec in records:
         p = problems.get((rec["benchmark"], rec["problem_id"]))
-        if p is not None and TASK[rec["benchmark"]] != "code":
+        if p is not None and BENCHMARKS[rec["benchmark"]].task != "code":
             rec["gold"] = p.answer
     workers = max(1, args.grade_workers)
-    code = [r for r in records if TASK[r["benchmark"]] == "code"]
+    code = [r for r in records if BENCHMARKS[r["benchmark"]].task == "code"]
     with ThreadPoolExecutor(workers) as pool:  # math-verify runs in reward.py's worker processes
-        list(pool.map(lambda r: grade_record(r, None), [r for r in records if TASK[r["benchmark"]] != "code"]))
+        list(pool.map(lambda r: grade_record(r, None), [r for r in records if BENCHMARKS[r["benchmark"]].task != "code"]))
     if code:
         from sandbox import Sandbox
         # LiveCodeBench's harness allows 4 GB; expected outputs run to megabytes and must not be cut
@@ -358,7 +392,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 def _vote_key(benchmark: str, pred: str) -> str:
     """Equivalent answers vote together: "033" and "33" are one vote, as are "0.5" and "\\frac12"."""
-    if TASK[benchmark] == "math":
+    if BENCHMARKS[benchmark].task == "math":
         v = reward._as_number(pred)
         return str(v) if v is not None else reward._squash(pred)
     return pred
@@ -413,7 +447,7 @@ def _summarize_one(bench: str, recs: list[dict]) -> dict:
         "tool_use_rate": sum(r["num_tool_calls"] > 0 for r in recs) / len(recs),
         "tool_error_rate": (sum(r["num_tool_errors"] for r in recs) / calls) if calls else None,
     }
-    if TASK[bench] != "code":
+    if BENCHMARKS[bench].task != "code":
         s["maj@n"] = sum(maj_at_n(bench, v) for v in by_problem.values()) / len(by_problem)
     return s
 
@@ -463,7 +497,7 @@ def read_records(path: str | Path) -> list[dict]:
                 raise EvalError(f"{where}: field {key!r} must be {typ.__name__}, got {type(rec[key]).__name__}")
         if rec["benchmark"] not in BENCHMARKS:
             raise EvalError(f"{where}: unknown benchmark {rec['benchmark']!r}; known: {', '.join(BENCHMARKS)}")
-        if TASK[rec["benchmark"]] != "code" and not isinstance(rec.get("gold"), str):
+        if BENCHMARKS[rec["benchmark"]].task != "code" and not isinstance(rec.get("gold"), str):
             raise EvalError(f"{where}: field 'gold' must be a string for {rec['benchmark']}")
         if rec["num_tool_calls"] < 0 or not 0 <= rec["num_tool_errors"] <= rec["num_tool_calls"]:
             raise EvalError(f"{where}: need 0 <= num_tool_errors <= num_tool_calls")
@@ -497,14 +531,16 @@ def write_records(records: list[dict], path: str | Path) -> None:
 def score(args: Args) -> dict:
     """--score: re-grade a saved JSONL and print its tables."""
     records = read_records(args.score)
-    lcb_ids = {r["problem_id"] for r in records if r["benchmark"] == "lcb"}
     problems = {}
-    if lcb_ids:
-        found = load_lcb(args.lcb_dir, ids=lcb_ids)
-        problems = {("lcb", p.id): p for p in found}
-        missing = sorted(lcb_ids - {p.id for p in found})
+    for name, bench in BENCHMARKS.items():  # code benchmarks: the tests are re-read by problem id
+        ids = {r["problem_id"] for r in records if r["benchmark"] == name}
+        if not ids or bench.reload is None:
+            continue
+        found = bench.reload(args, ids)
+        problems.update({(name, p.id): p for p in found})
+        missing = sorted(ids - {p.id for p in found})
         if missing:
-            raise EvalError(f"{args.score}: lcb problems not found in {args.lcb_dir}: {', '.join(missing[:5])}")
+            raise EvalError(f"{args.score}: {name} problems not found: {', '.join(missing[:5])}")
     grade_records(records, problems, args)
     if args.out:
         write_records(records, args.out)

@@ -567,7 +567,8 @@ def update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, 
            agg: str = "token-mean", max_len: int | None = None, clip_low: float = 0.2, clip_high: float = 0.28,
            dual_clip_c: float | None = 10.0, kl_coef: float = 0.0, kl_type: str = "low_var_kl",
            temperature: float = 1.0, chunk_size: int = 1024, packed: bool = True,
-           gradient_checkpointing: bool = False, loss_scale: "float | LossScaler" = 1.0) -> dict:
+           gradient_checkpointing: bool = False, loss_scale: "float | LossScaler" = 1.0,
+           skip_nonfinite: bool = False) -> dict:
     """One GRPO step: an optimizer step per mini-batch of mini_batch_size trajectories (in order).
 
     Each mini-batch is cut into micro-batches of at most max_tokens_per_micro tokens (packed rows
@@ -578,7 +579,9 @@ def update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, 
     Raises NonFiniteLossError, with the gradients zeroed, before the optimizer.step of a
     mini-batch whose loss (on any rank) or gradient norm is NaN/inf; the mini-batches before it
     have been applied, so the weights are those of the last good step. The one exception is an fp16
-    overflow under a dynamic LossScaler (`loss_scale`, updated in place): that mini-batch is skipped.
+    overflow under a dynamic LossScaler (`loss_scale`, updated in place): that mini-batch is skipped. With
+    skip_nonfinite (veRL's behaviour), every non-finite mini-batch is skipped instead of raising, and counted
+    in "nonfinite_skipped" (and "nonfinite_trailing": how many of them end the step, in a row).
     Returns stats (this rank's): "loss"/"pg_loss" averaged over mini-batches; token-weighted means
     of "clipfrac", "clipfrac_lower", "ppo_kl", "kl"; "grad_norm(_max)", "lr", "n_mini_batches", "skipped_steps", "loss_scale",
     "n_micro_batches", "tokens", "loss_tokens", "pad_frac", "tokens_per_s".
@@ -605,6 +608,7 @@ def update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, 
     t0 = time.perf_counter()
     sums: dict[str, float] = {}
     grad_norms, lrs, n_micro, n_tokens, n_slots, skipped = [], [], 0, 0, 0, 0
+    nonfinite = trailing = 0  # skipped non-finite mini-batches (skip_nonfinite), and how many end the step
     for k, s in enumerate(starts):
         mb = batch[s:s + mini_batch_size]
         normaliser = loss_normaliser(mb, agg, device)
@@ -654,6 +658,11 @@ def update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, 
             scaler.overflowed()
             skipped += 1
             continue
+        if (loss_bad or grad_bad) and skip_nonfinite:
+            optimizer.zero_grad(set_to_none=True)
+            nonfinite += 1
+            trailing += 1
+            continue
         if loss_bad or grad_bad:
             optimizer.zero_grad(set_to_none=True)
             where = (f"loss in mini-batch {k} at micro-batch {bad[0][0]} holding trajectories "
@@ -663,6 +672,7 @@ def update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, 
                                      f"losses={[round(loss.item(), 6) for loss, _ in losses]}, "
                                      f"grad_norm={norm.item()}; the weights were not updated")
         lrs.append(optimizer.param_groups[0]["lr"])
+        trailing = 0
         optimizer.step()
         if scheduler is not None:
             scheduler.step()
@@ -679,6 +689,8 @@ def update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, 
         "lr": lrs[-1] if lrs else optimizer.param_groups[0]["lr"],  # the lr of the last step taken
         "n_mini_batches": len(starts),
         "skipped_steps": skipped,
+        "nonfinite_skipped": nonfinite,
+        "nonfinite_trailing": trailing,
         "loss_scale": scaler.scale,
         "n_micro_batches": n_micro,
         "tokens": n_tokens,

@@ -26,6 +26,7 @@ Departures from the official veRL loop, and why:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import random
 import re
@@ -146,6 +147,20 @@ def parse_call(text: str, tool_format: str, repair: bool = False) -> Call:
     return Call(code=code)
 
 
+@dataclass(frozen=True)
+class CallSyntax:
+    """A tool format's calls as SAAR's split needs them (saar.py imports no project module, so the rollout
+    hands this over): where a call begins in a decoded turn, and the code it runs."""
+    tool_format: str
+    repair: bool = False
+
+    def start(self, text: str) -> int | None:
+        return find_call_start(text, self.tool_format)
+
+    def code(self, text: str) -> str | None:
+        return parse_call(text, self.tool_format, self.repair).code
+
+
 def stop_conditions(tokenizer, tool_format: str) -> tuple[list[int], list[str]]:
     """(stop_token_ids, stop strings) that end a turn at the end of a call; EOS is the engine's."""
     if tool_format == "hermes":
@@ -238,38 +253,55 @@ class Trajectory:
 
 # --------------------------------------------------------------------------- the loop
 
+@dataclass
+class RolloutConfig:
+    """Every rollout setting, in one place: an entry script builds it once from its Args, and rollout_one and
+    the per-trajectory Runner take it whole (keyword arguments of rollout_one/rollout_batch override fields)."""
+    tool_format: str = "hermes"            # hermes (Qwen, the paper), markdown (```python blocks) or none
+    max_turns: int = 16                    # assistant turns per trajectory (paper: 16)
+    max_response_tokens: int = 20480       # response budget, tool tokens included (paper: 20480)
+    max_turn_tokens: int | None = None     # cap on one assistant turn (None: the remaining budget)
+    max_tool_calls: int = 30               # tool executions per trajectory, SAAR retries included
+    cap_ends: bool = True                  # the call cap ends the trajectory (ours) or only stops SAAR (official)
+    tool_output_chars: int = 256           # tool output shown to the model, cut in the middle (paper: 256)
+    error_format: str = "full"             # model-facing error: full (stdout + compact traceback) or last_line
+    stateful: bool = False                 # a persistent Python session per trajectory (the paper's is stateless)
+    echo: bool = False                     # stateless calls print a final bare expression's repr (official tool)
+    repair_json: bool = False              # hermes calls parsed with json_repair (the official parser)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    saar_cfg: saar.SaarConfig | None = None  # SAAR's own settings; None: SAAR off
+    saar_p: float = 0.0                    # curriculum mixing: the probability a trajectory uses SAAR
+    eos_ids: tuple = ()                    # end-of-turn ids (default: the tokenizer's eos)
+
+
 class Runner:
     """One trajectory's access to the engine, the tool and the tokenizer (what SAAR calls back into)."""
 
-    def __init__(self, engine, sandbox, tokenizer, *, tool_format, temperature, top_p, top_k, max_turn_tokens,
-                 max_tool_calls, tool_output_chars, error_format, stateful, seed, eos_ids, prompt_len,
-                 max_response_tokens, echo=False, repair_json=False, cap_ends=True):
-        self.engine, self.tokenizer, self.tool_format = engine, tokenizer, tool_format
-        self.session = sandbox.session() if (stateful and sandbox is not None) else None
-        self.echo = echo  # stateless calls print a final bare expression's repr (a session always does)
-        self.repair_json = repair_json  # hermes calls parsed with json_repair, as the official parser does
-        self.cap_ends = cap_ends  # max_tool_calls ends the trajectory (ours), or only stops SAAR (official)
-        self.sandbox = sandbox
-        self.sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k)
-        self.stop_ids, self.stop_strs = stop_conditions(tokenizer, tool_format)
-        self.max_turn_tokens, self.max_tool_calls = max_turn_tokens, max_tool_calls
-        self.tool_output_chars, self.error_format = tool_output_chars, error_format
-        self.seed, self.n_gen, self.eos_ids = seed, 0, set(eos_ids)
-        self.prompt_len, self.max_response_tokens = prompt_len, max_response_tokens
+    def __init__(self, engine, sandbox, tokenizer, cfg: RolloutConfig, *, seed: int | None, prompt_len: int):
+        self.engine, self.sandbox, self.tokenizer, self.cfg = engine, sandbox, tokenizer, cfg
+        self.tool_format = cfg.tool_format
+        self.session = sandbox.session() if (cfg.stateful and sandbox is not None) else None
+        self.syntax = CallSyntax(cfg.tool_format, cfg.repair_json)
+        self.sampling = dict(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k)
+        self.stop_ids, self.stop_strs = stop_conditions(tokenizer, cfg.tool_format)
+        self.seed, self.n_gen, self.eos_ids = seed, 0, set(cfg.eos_ids) or {tokenizer.eos_token_id}
+        self.prompt_len = prompt_len
         self.calls, self.errors = 0, 0
         self.first_calls, self.first_errors = 0, 0  # not counting SAAR's re-executions
         self.turn = 0
 
     def left(self, full_ids: list[int]) -> int:
         """Response tokens still allowed after full_ids (prompt + response so far, whatever it holds)."""
-        return self.max_response_tokens - (len(full_ids) - self.prompt_len)
+        return self.cfg.max_response_tokens - (len(full_ids) - self.prompt_len)
 
     async def generate(self, full_ids: list[int]):
         # per-trajectory seeds: what a trajectory samples can't depend on what else is in flight
         seed = None if self.seed is None else (self.seed * 1_000_003 + self.n_gen) % (2**63)
         self.n_gen += 1
         left = self.left(full_ids)
-        cap = left if self.max_turn_tokens is None else min(left, self.max_turn_tokens)
+        cap = left if self.cfg.max_turn_tokens is None else min(left, self.cfg.max_turn_tokens)
         cap = min(cap, getattr(self.engine, "max_len", 1 << 62) - len(full_ids))  # the model's context window
         p = SamplingParams(max_new_tokens=max(cap, 1), stop_token_ids=list(self.stop_ids), stop=list(self.stop_strs),
                            seed=seed, **self.sampling)
@@ -279,10 +311,11 @@ class Runner:
         return await self.engine.score(full_ids, start)
 
     def parse(self, turn_ids: list[int]) -> Call:
-        return parse_call(self.tokenizer.decode(turn_ids, skip_special_tokens=False), self.tool_format, self.repair_json)
+        return parse_call(self.tokenizer.decode(turn_ids, skip_special_tokens=False), self.tool_format,
+                          self.cfg.repair_json)
 
     def can_call(self) -> bool:
-        return self.calls < self.max_tool_calls
+        return self.calls < self.cfg.max_tool_calls
 
     async def execute(self, call: Call, retry: bool = False) -> ToolResult:
         """Run a call; retry=True for SAAR's re-execution of a corrected call."""
@@ -293,8 +326,8 @@ class Runner:
             if self.session is not None:
                 res = await self.session.arun(call.code)
             else:
-                res = await self.sandbox.arun(call.code, echo=self.echo)
-            r = ToolResult.from_exec(res, self.error_format)
+                res = await self.sandbox.arun(call.code, echo=self.cfg.echo)
+            r = ToolResult.from_exec(res, self.cfg.error_format)
         self.errors += not r.ok
         if not retry:
             self.first_calls += 1
@@ -305,7 +338,7 @@ class Runner:
         return bool(turn_ids) and turn_ids[-1] in self.eos_ids
 
     def truncate(self, text: str) -> str:
-        return truncate_middle(text, self.tool_output_chars)
+        return truncate_middle(text, self.cfg.tool_output_chars)
 
     def tool_turn_ids(self, text: str, ended: bool) -> list[int]:
         return self.tokenizer.encode(tool_turn_text(text, self.tool_format, ended), add_special_tokens=False)
@@ -315,30 +348,23 @@ class Runner:
             self.session.close()
 
 
-async def rollout_one(engine, sandbox, tokenizer, prompt: list[int], *, tool_format: str = "hermes",
-                      max_turns: int = 16, max_response_tokens: int = 20480, max_turn_tokens: int | None = None,
-                      max_tool_calls: int = 30, tool_output_chars: int = 256, error_format: str = "full",
-                      stateful: bool = False, echo: bool = False, repair_json: bool = False, cap_ends: bool = True,
-                      temperature: float = 1.0, top_p: float = 1.0,
-                      top_k: int = -1, saar_cfg: saar.SaarConfig | None = None, saar_p: float = 0.0,
-                      seed: int | None = None, eos_ids=(), meta: dict | None = None) -> Trajectory:
-    """Roll out one trajectory: generate, call the tool, append its result, until an answer or a cap."""
-    if saar_cfg is not None and saar_cfg.is_mode != "none" and temperature not in (0.0, 1.0):
+async def rollout_one(engine, sandbox, tokenizer, prompt: list[int], cfg: RolloutConfig | None = None, *,
+                      seed: int | None = None, meta: dict | None = None, **overrides) -> Trajectory:
+    """Roll out one trajectory: generate, call the tool, append its result, until an answer or a cap.
+    cfg: the rollout's settings (default RolloutConfig()); overrides: fields of it, by name."""
+    cfg = dataclasses.replace(cfg or RolloutConfig(), **overrides)
+    saar_cfg, max_response_tokens = cfg.saar_cfg, cfg.max_response_tokens
+    if saar_cfg is not None and saar_cfg.is_mode != "none" and cfg.temperature not in (0.0, 1.0):
         # engine.score gives log-probs at temperature 1, as greedy requests do; sampled ones are at `temperature`
         raise ValueError(f"SAAR importance correction (is_mode={saar_cfg.is_mode!r}) needs temperature 1.0, "
-                         f"got {temperature}")
+                         f"got {cfg.temperature}")
     traj = Trajectory(prompt_ids=list(prompt), meta=dict(meta or {}))
     # curriculum mixing: each trajectory draws SAAR with probability p (seeded per trajectory)
-    traj.saar = saar_cfg is not None and random.Random(seed).random() < saar_p
+    traj.saar = saar_cfg is not None and random.Random(seed).random() < cfg.saar_p
     state = saar.SaarState(on=traj.saar, events=traj.saar_events)
     if traj.saar and saar_cfg.is_mode == "token":
         traj.is_weight = []
-    eos = set(eos_ids) or {tokenizer.eos_token_id}
-    run = Runner(engine, sandbox, tokenizer, tool_format=tool_format, temperature=temperature, top_p=top_p,
-                 top_k=top_k, max_turn_tokens=max_turn_tokens, max_tool_calls=max_tool_calls,
-                 tool_output_chars=tool_output_chars, error_format=error_format, stateful=stateful, echo=echo,
-                 repair_json=repair_json, cap_ends=cap_ends, seed=seed, eos_ids=eos, prompt_len=len(traj.prompt_ids),
-                 max_response_tokens=max_response_tokens)
+    run = Runner(engine, sandbox, tokenizer, cfg, seed=seed, prompt_len=len(traj.prompt_ids))
 
     async def handle_turn(start: int, gen_finish: str) -> str | None:
         """Process the assistant turn at response_ids[start:]: None to go on, else a finish reason."""
@@ -350,7 +376,7 @@ async def rollout_one(engine, sandbox, tokenizer, prompt: list[int], *, tool_for
         if budget_hit:
             traj.truncated = True
             return "length"
-        if not run.can_call() and run.cap_ends:
+        if not run.can_call() and cfg.cap_ends:
             return "max_tool_calls"
         result = await run.execute(call)
         note = ""
@@ -370,7 +396,7 @@ async def rollout_one(engine, sandbox, tokenizer, prompt: list[int], *, tool_for
 
     try:
         finish = "max_turns"
-        for turn in range(max_turns):
+        for turn in range(cfg.max_turns):
             run.turn = turn
             if len(traj.response_ids) >= max_response_tokens:
                 traj.truncated, finish = True, "length"
@@ -396,12 +422,14 @@ def _record(traj: Trajectory, start: int, result: ToolResult, run: Runner):
                            exception_type=result.exception_type, output=run.truncate(result.text)))
 
 
-async def rollout_batch(engine, sandbox, tokenizer, prompts: list[list[int]], *, seeds: list[int | None] | None = None,
-                        metas: list[dict] | None = None, progress: bool = False, **kw) -> list[Trajectory]:
+async def rollout_batch(engine, sandbox, tokenizer, prompts: list[list[int]], cfg: RolloutConfig | None = None, *,
+                        seeds: list[int | None] | None = None, metas: list[dict] | None = None,
+                        progress: bool = False, **overrides) -> list[Trajectory]:
     """Roll out all prompts concurrently (one asyncio task each); results keep the input order."""
     seeds = seeds or [None] * len(prompts)
     metas = metas or [{}] * len(prompts)
-    tasks = [asyncio.ensure_future(rollout_one(engine, sandbox, tokenizer, p, seed=s, meta=m, **kw))
+    cfg = dataclasses.replace(cfg or RolloutConfig(), **overrides)
+    tasks = [asyncio.ensure_future(rollout_one(engine, sandbox, tokenizer, p, cfg, seed=s, meta=m))
              for p, s, m in zip(prompts, seeds, metas)]
     if progress:
         from tqdm import tqdm

@@ -32,7 +32,6 @@ import difflib
 import math
 from dataclasses import dataclass, field
 
-import rollout  # the call parsers; rollout imports this module too, so names are looked up at call time
 
 GIVE_UP_NOTE = ("\n\nNote: this approach has failed {n} times in a row. "
                 "Consider a different algorithm, method or approach.")
@@ -46,14 +45,15 @@ def similarity(old: str, new: str) -> float:
     return difflib.SequenceMatcher(None, old, new).ratio()
 
 
-def split_turn(turn_ids: list[int], *, tokenizer, tool_format: str = "hermes") -> int | None:
+def split_turn(turn_ids: list[int], *, tokenizer, syntax) -> int | None:
     """Index of the first token of the call: turn_ids[:k] is the reasoning, turn_ids[k:] the call.
 
     The split falls on a token boundary: k is the longest prefix whose decoded text ends at or before the
     call marker. If the marker shares a token with the reasoning before it, that token goes to the call.
+    syntax: the tool format's call syntax, `.start(text)` -> offset of the call or None (rollout.CallSyntax).
     """
     text = tokenizer.decode(turn_ids, skip_special_tokens=False)
-    off = rollout.find_call_start(text, tool_format)
+    off = syntax.start(text)
     if off is None:
         return None
     lo, hi = 0, len(turn_ids)  # find the largest k with len(decode(ids[:k])) <= off
@@ -74,21 +74,21 @@ class Replacement:
     keep: int                 # how many leading tokens of ids come from the old turn (0 for deep)
 
 
-def replace_turn(old_turn_ids: list[int], new_turn_ids: list[int], *, tokenizer, gamma: float = 0.5,
-                 tool_format: str = "hermes", sim_on: str = "call", sim_eos: bool = False) -> Replacement:
+def replace_turn(old_turn_ids: list[int], new_turn_ids: list[int], *, tokenizer, syntax, gamma: float = 0.5,
+                 sim_on: str = "call", sim_eos: bool = False) -> Replacement:
     """Choose shallow (old reasoning + new call) or deep (new turn whole) replacement. Pure.
 
     sim_eos: compare the call segments as the official loop has them, run on to the end of the turn: the
     rollout stops at the end of the call, so the turn's end-of-turn token (<|im_end|>) is added to both."""
-    k_old = split_turn(old_turn_ids, tokenizer=tokenizer, tool_format=tool_format)
-    k_new = split_turn(new_turn_ids, tokenizer=tokenizer, tool_format=tool_format)
+    k_old = split_turn(old_turn_ids, tokenizer=tokenizer, syntax=syntax)
+    k_new = split_turn(new_turn_ids, tokenizer=tokenizer, syntax=syntax)
     if k_old is None or k_new is None:
         return Replacement(list(new_turn_ids), "deep", float("nan"), 0)
     old_call = tokenizer.decode(old_turn_ids[k_old:], skip_special_tokens=False)
     new_call = tokenizer.decode(new_turn_ids[k_new:], skip_special_tokens=False)
     if sim_on == "code":
-        old_call = rollout.parse_call(old_call, tool_format).code or ""
-        new_call = rollout.parse_call(new_call, tool_format).code or ""
+        old_call = syntax.code(old_call) or ""
+        new_call = syntax.code(new_call) or ""
     elif sim_on != "call":
         raise ValueError(f"sim_on must be 'call' or 'code', got {sim_on!r}")
     elif sim_eos:
@@ -140,8 +140,9 @@ class Outcome:
 async def retry_failed_call(traj, start: int, result, *, cfg: SaarConfig, state: SaarState, run) -> Outcome:
     """Purify the failed call in the turn at traj.response_ids[start:] (its result not yet appended).
 
-    `run` is the rollout's per-trajectory rollout.Runner: generate, score, parse, execute, tokenizer,
-    the tool-turn scaffolding and the tool-call budget.
+    `run` is the rollout's per-trajectory rollout.Runner: generate, score, parse, execute, tokenizer, the
+    call syntax, the tool-turn scaffolding and the tool-call budget. (This module imports no project module:
+    everything of the rollout comes through `run`.)
     """
     retries = 0
     while True:
@@ -174,8 +175,8 @@ async def retry_failed_call(traj, start: int, result, *, cfg: SaarConfig, state:
                                      error_kind=result.error_kind, regen_tokens=len(new.token_ids)))
             return Outcome(next_turn=next_turn, next_finish=new.finish_reason, failed_start=start,
                            failed_result=result)
-        rep = replace_turn(old_turn, new.token_ids, tokenizer=run.tokenizer, gamma=cfg.gamma,
-                           tool_format=run.tool_format, sim_on=cfg.sim_on, sim_eos=cfg.sim_eos)
+        rep = replace_turn(old_turn, new.token_ids, tokenizer=run.tokenizer, syntax=run.syntax, gamma=cfg.gamma,
+                           sim_on=cfg.sim_on, sim_eos=cfg.sim_eos)
         n_new = len(rep.ids) - rep.keep
         # kept reasoning keeps its log-probs (sampled on the clean context); new tokens keep theirs
         # (sampled with the error in context)

@@ -35,18 +35,23 @@ How it works
   `session(rollback=False)` keeps what a cell did before it raised (Jupyter-style); a timeout or a
   crash still rolls back, since the process that held those effects is gone. Idle holders stop
   themselves, so threads of idle sessions do not run. Session cells are named `<cell N>` in
-  tracebacks and echo the value of a final expression like Jupyter; stateless runs are scripts.
+  tracebacks and echo the value of a final expression like Jupyter; stateless runs are scripts unless
+  `run(..., echo=True)` (the official CLEANER tool echoes it).
 - Results: `ExecResult.text` is what the model sees: stdout, stderr, then a compact traceback
   (frames of the cell, the innermost library frame with a short path, repeats collapsed, about 20
   lines at most). Timeouts, memory, output floods and crashes are one line each. `short_text` has
   only the last line of the error, for ablations. A failure of the sandbox itself is retried once
-  and then reported as `sandbox_internal`, never as an error of the code.
+  and then reported as `sandbox_internal`, never as an error of the code; a `sandbox_internal` frame
+  from the code's own process (ours only before the code starts, but the code can write one) is never
+  retried, so code cannot get itself run twice.
 
 What is covered (layers used when available; `Sandbox.layers` lists the active ones)
 - bwrap: bubblewrap with private network, pid, ipc and uts namespaces, a read-only root, a private
   size-capped /tmp holding the scratch dirs, and a fresh /dev and /proc. Directories that an
   unprivileged uid cannot enter (e.g. /root holding a pyenv Python) are masked with an empty tmpfs
-  and only the interpreter's own directories are re-exposed, read-only.
+  and only the interpreter's own directories are re-exposed, read-only. So are the folders the code
+  must not read (`_hidden`: this checkout with its graders, tests and run folders, the problem sets
+  beside it, the caches, and the caller's `hide=`): only this file and a venv inside are bound back.
 - netns / seccomp: without bwrap, root unshares a network namespace (no interfaces up); otherwise
   a seccomp filter refuses socket() for every family except AF_UNIX, and io_uring.
 - uid: as root, code runs under an unprivileged uid per slot and per session (RLIMIT_NPROC is not
@@ -182,7 +187,7 @@ class Sandbox:
     def __init__(self, slots: int | None = None, timeout_s: float = 4.0, memory_mb: int = 1024,
                  max_output_bytes: int = 65536, flood_bytes: int = 4_000_000, scratch_mb: int = 512,
                  use_bwrap: bool = True, use_netns: bool = True, use_uid: bool = True,
-                 max_threads: int = 64):
+                 max_threads: int = 64, hide: tuple = ()):
         """slots: zygotes, i.e. cells executing at once (default: the core count).
         timeout_s: wall-clock limit per call (per-call `timeout_s=` overrides it).
         memory_mb: address space a call may add on top of the preloaded libraries.
@@ -190,7 +195,9 @@ class Sandbox:
         flood_bytes: a call printing more than this in total is killed (kind output_limit).
         scratch_mb: size of the private /tmp (bwrap) and largest file a call may write.
         use_bwrap / use_netns / use_uid: allow that layer when available (False forces the
-        weaker fallbacks, for tests). max_threads: threads serving arun() callers."""
+        weaker fallbacks, for tests). max_threads: threads serving arun() callers.
+        hide: more folders the code must not see (a run's output folder), besides this checkout, the
+        problem sets beside it and the caches (`_hidden`); with bwrap each becomes an empty tmpfs."""
         if timeout_s <= 0 or memory_mb <= 0 or max_output_bytes < 2 or flood_bytes <= 0 or scratch_mb <= 0:
             raise ValueError("Sandbox: timeout_s, memory_mb, flood_bytes, scratch_mb must be > 0 and max_output_bytes >= 2")
         if slots is not None and slots < 1:
@@ -210,7 +217,7 @@ class Sandbox:
             # Random per Sandbox so two trainers on one machine never share uids (nor NPROC counts).
             uid_base = 10_000_000 + random.randrange(100_000) * UIDS_PER_SANDBOX
             self._free_uids = list(range(uid_base + UIDS_PER_SANDBOX - 1, uid_base + self.slots - 1, -1))
-        self._bwrap = _bwrap_argv(self.scratch_mb) if use_bwrap else None
+        self._bwrap = _bwrap_argv(self.scratch_mb, _hidden(hide)) if use_bwrap else None
         self._root = None
         if self._bwrap is None:
             self._root = tempfile.mkdtemp(prefix="cleaner-sandbox-")
@@ -510,7 +517,17 @@ def _clean_env(home: str) -> dict:
 _BWRAP_PROBED: dict = {}
 
 
-def _bwrap_argv(scratch_mb: int) -> list | None:
+def _hidden(extra=()) -> list:
+    """Folders the code must not read although the host may show them to anyone: this checkout (the graders,
+    tests and run folders), the problem sets beside it (their answers: a policy could learn to read them),
+    the caches, and the caller's own. Only bwrap can hide them; the fallback layers cannot."""
+    repo = os.path.dirname(THIS_FILE)
+    cands = [repo, os.path.join(os.path.dirname(repo), "shared"), os.environ.get("CLEANER_DATA"),
+             os.environ.get("CLEANER_CACHE"), os.path.join(os.path.expanduser("~"), ".cache", "cleaner"), *extra]
+    return sorted({os.path.realpath(p) for p in cands if p and os.path.isdir(p)} - {"/", "/tmp", "/usr", "/etc"})
+
+
+def _bwrap_argv(scratch_mb: int, hide: list = ()) -> list | None:
     """The bwrap prefix for a zygote, or None when bwrap is missing or cannot create namespaces here."""
     exe = shutil.which("bwrap")
     if exe is None:
@@ -522,9 +539,13 @@ def _bwrap_argv(scratch_mb: int) -> list | None:
             "--perms", "1777", "--size", str(64 << 20), "--tmpfs", "/dev/shm"]
     # Python may live below a directory an unprivileged uid cannot enter (pyenv in /root): hide the
     # rest of that directory behind an empty tmpfs and re-expose the interpreter read-only.
+    # The hidden folders become empty; what the zygote needs below them (a venv in the checkout, this file
+    # itself: the zygote runs `python -I sandbox.py`, which imports nothing else of the project) is bound back.
+    for path in hide:
+        argv += ["--tmpfs", path]
     needed = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-              os.path.dirname(os.path.realpath(sys.executable)), os.path.dirname(THIS_FILE)}
-    masked, bound = {"/tmp"}, []  # the private /tmp hides a checkout or venv living there, too
+              os.path.dirname(os.path.realpath(sys.executable)), os.path.realpath(THIS_FILE)}
+    masked, bound = {"/tmp", *hide}, []  # the private /tmp hides a checkout or venv living there, too
     for path in sorted({os.path.realpath(p) for p in needed}):
         if any(path.startswith(b + "/") for b in bound):
             continue
@@ -999,10 +1020,11 @@ def _enter_sandbox(z: _Zygote, uid: int | None, scratch: str) -> None:
 
 
 def _set_cpu_limit(timeout: float, hard: bool) -> None:
-    # A backstop behind the zygote's wall-clock SIGKILL. Sessions set only the soft limit so a
-    # later cell with a longer timeout can still raise it.
+    # A backstop behind the zygote's wall-clock SIGKILL. Sessions keep a looser hard limit (an hour of
+    # CPU, never infinite: the code could raise its soft limit to it) so that a later cell with a longer
+    # timeout can still raise the soft one.
     soft = int(timeout) + 2
-    resource.setrlimit(resource.RLIMIT_CPU, (soft, soft if hard else resource.RLIM_INFINITY))
+    resource.setrlimit(resource.RLIMIT_CPU, (soft, soft if hard else max(soft, 3600)))
 
 
 def _std_streams() -> None:
@@ -1241,11 +1263,13 @@ def _frame_complete(buf: bytearray) -> dict | None:
     return frame if isinstance(frame, dict) else {"kind": "garbled"}
 
 
-def _read_ctl(ctl: socket.socket) -> list:
+def _read_ctl(ctl: socket.socket, most: int = 256) -> list:
     """Pending messages from a session's holder, parsed: [(kind, pid, value)]. They are untrusted
-    (the holder ran earlier cells), so the zygote checks every pid against /proc before use."""
+    (the holder ran earlier cells), so the zygote checks every pid against /proc before use. At most
+    `most` a call: a cell's processes share the socket, and a flood of them must not keep the zygote
+    here past the cell's deadline (the rest waits for the next call)."""
     out = []
-    while True:
+    for _ in range(most):
         try:
             msg = ctl.recv(128)
         except (BlockingIOError, ConnectionError):
@@ -1255,6 +1279,7 @@ def _read_ctl(ctl: socket.socket) -> list:
         parts = msg.decode(errors="replace").split()
         if len(parts) == 3 and parts[0] in ("runner", "status", "written") and all(p.lstrip("-").isdigit() for p in parts[1:]):
             out.append((parts[0], int(parts[1]), int(parts[2])))
+    return out
 
 
 def _signal(pid: int, sig: int) -> None:

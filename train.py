@@ -24,8 +24,9 @@ math reward reads the tail of the decoded response, tool output included); a run
 its folder (args, commit, diff, package versions, seed), and a checkpoint holds the RNG states and the
 data position, so --resume continues exactly. Where our default differs from the official code, a flag
 gives the official choice (--warmup-unit train, --agg verl-token-mean, --math-grader strict-box,
---tool-echo, --repair-json, --no-tool-cap-ends, --sim-eos); the paper's scripts pass them and the
-README's Departures table lists them. --dynamic-sampling (DAPO) is off, as in the paper.
+--tool-echo, --repair-json, --no-tool-cap-ends, --sim-eos); --faithful sets them all (FAITHFUL), the
+paper's scripts pass it, and the README's Departures table lists them. --dynamic-sampling (DAPO) is off,
+as in the paper.
 """
 from __future__ import annotations
 
@@ -55,6 +56,8 @@ class Args:
     """number of GRPO steps"""
     resume: bool = False
     """continue the run in out_dir/run from its last checkpoint"""
+    faithful: bool = False
+    """the official code's choice wherever ours differs (FAITHFUL, below; README: Departures); it overrides them"""
     eval_only: bool = False
     """evaluate the held-out set of an existing run and stop: its warm start (step 0), or its checkpoint with
     --resume; the run's settings (run.json) are kept but for the eval flags, and the records join its
@@ -196,6 +199,9 @@ class Args:
     """penalty at the full budget (paper: 1.0)"""
     grad_clip: float = 1.0
     """gradient norm clip"""
+    max_nonfinite_skips: int = 0
+    """non-finite mini-batches skipped in a row before the run stops (0: the first one stops it, the weights
+    untouched and saved; veRL skips them all)"""
     gradient_checkpointing: bool = False
     """recompute activations in the backward pass"""
     loss_scale: float = 0.0
@@ -225,6 +231,11 @@ class Args:
     """full trajectories written as JSONL per step"""
     wandb_project: str = ""
     """log to this wandb project (wandb is imported only when set)"""
+
+
+# --faithful: the official code's (Open-CLEANER, veRL) choices where our defaults differ, in one place
+FAITHFUL = dict(warmup_unit="train", agg="verl-token-mean", math_grader="strict-box", tool_echo=True,
+                repair_json=True, tool_cap_ends=False, sim_eos=True, max_prompt_tokens=2560)
 
 
 def _field_docs(cls) -> dict[str, str]:
@@ -291,6 +302,8 @@ def main(args: Args):
     # ------------------------------------------------------------------ setup
     if args.eval_only:
         args = _args_of_run(args)
+    if args.faithful:
+        args = dataclasses.replace(args, **FAITHFUL)
     ddp = int(os.environ.get("WORLD_SIZE", "1")) > 1
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     if ddp:
@@ -368,7 +381,8 @@ def main(args: Args):
     ref = None
     if args.kl_coef > 0:
         ref = models.load_model(model_path, dtype=dtype).to(device).eval()
-    sandbox = Sandbox(slots=args.sandbox_slots, timeout_s=args.tool_timeout_s, memory_mb=args.tool_memory_mb)
+    sandbox = Sandbox(slots=args.sandbox_slots, timeout_s=args.tool_timeout_s, memory_mb=args.tool_memory_mb,
+                      hide=(os.path.abspath(args.out_dir),))  # and the checkout, data, caches: see sandbox._hidden
 
     # ------------------------------------------------------------------ data
     train_set = load_problems(args.train_data, seed=args.seed, n=None)
@@ -389,19 +403,22 @@ def main(args: Args):
     # ------------------------------------------------------------------ optimizer
     optimizer, scheduler = grpo.make_optimizer(policy, lr=args.lr, weight_decay=args.weight_decay,
                                                warmup_steps=args.warmup_steps, from_zero=args.warmup_unit == "train")
+    nonfinite_run = 0  # non-finite mini-batches skipped in a row (--max-nonfinite-skips)
     start_step = data_pos = 0  # data_pos: groups drawn so far (prompts_per_step a step, more with dynamic sampling)
     if args.resume:
         start_step, data_pos = _load_checkpoint(ckpt_path, policy, optimizer, scheduler, scaler)
         data_pos = start_step * args.prompts_per_step if data_pos is None else data_pos  # an older checkpoint
         log(f"resumed {out} at step {start_step}")
+    # the rollout's settings, built once: SAAR's own (test-time SAAR uses them too), then the rollout's
     saar_cfg = saar.SaarConfig(gamma=args.gamma, max_retries=args.max_retries, sim_on=args.sim_on,
                                sim_eos=args.sim_eos, feedback_instruction=args.feedback_instruction, is_mode=args.is_mode,
-                               is_cap=args.is_cap, is_gate=args.is_gate) if args.saar else None
-    roll_kw = dict(tool_format=args.tool_format, max_turns=args.max_turns, max_response_tokens=args.max_response_tokens,
-                   max_turn_tokens=args.max_turn_tokens or None, max_tool_calls=args.max_tool_calls,
-                   tool_output_chars=args.tool_output_chars, error_format=args.error_format, stateful=args.stateful,
-                   echo=args.tool_echo, repair_json=args.repair_json, cap_ends=args.tool_cap_ends,
-                   eos_ids=[tokenizer.eos_token_id])
+                               is_cap=args.is_cap, is_gate=args.is_gate)
+    roll_cfg = rollout.RolloutConfig(
+        tool_format=args.tool_format, max_turns=args.max_turns, max_response_tokens=args.max_response_tokens,
+        max_turn_tokens=args.max_turn_tokens or None, max_tool_calls=args.max_tool_calls, cap_ends=args.tool_cap_ends,
+        tool_output_chars=args.tool_output_chars, error_format=args.error_format, stateful=args.stateful,
+        echo=args.tool_echo, repair_json=args.repair_json, temperature=args.temperature, top_p=args.top_p,
+        saar_cfg=saar_cfg if args.saar else None, saar_p=args.rollback_p, eos_ids=(tokenizer.eos_token_id,))
     writer = _metric_writers(out, args) if master else None
     # each mini-batch's prompts are spread over the ranks, so N ranks take the same optimizer steps on the
     # same trajectories as one process would
@@ -410,7 +427,7 @@ def main(args: Args):
 
     # ------------------------------------------------------------------ the loop
     loop = asyncio.new_event_loop()
-    eval_kw = dict(out_dir=out if master else None, saar_cfg=saar_cfg, roll_kw=roll_kw, rank=rank, world=world)
+    eval_kw = dict(out_dir=out if master else None, saar_cfg=saar_cfg, roll_cfg=roll_cfg, rank=rank, world=world)
     # the held-out baseline, before any update; with --eval-only, the one evaluation of the run's current point
     if args.eval_size and ((start_step == 0 and args.steps > 0) or args.eval_only):
         ev = _evaluate(loop, eng, sandbox, tokenizer, eval_set, args, step=start_step, **eval_kw)
@@ -439,8 +456,7 @@ def main(args: Args):
                     seeds.append(((args.seed * 1_000_003 + step) * 1_000_003 + g) * 1_000_003 + j)  # per trajectory
                     metas_r.append(dict(problem_id=pr.id, group=g, sample=j))
             trajs_r = loop.run_until_complete(rollout.rollout_batch(
-                eng, sandbox, tokenizer, prompts, seeds=seeds, metas=metas_r, progress=master,
-                temperature=args.temperature, top_p=args.top_p, saar_cfg=saar_cfg, saar_p=args.rollback_p, **roll_kw))
+                eng, sandbox, tokenizer, prompts, roll_cfg, seeds=seeds, metas=metas_r, progress=master))
             t["rollout"] += time.perf_counter() - t0
 
             t0 = time.perf_counter()
@@ -464,7 +480,7 @@ def main(args: Args):
             rewards += [rewards_r[i] for i in keep]
             correct += [correct_r[i] for i in keep]
             have = len(trajs) // args.samples_per_prompt
-            if ddp:  # every rank takes the same number of optimizer steps, so all go by the fewest groups
+            if ddp and args.dynamic_sampling:  # every rank takes the same optimizer steps: all go by the fewest groups
                 counts = [None] * world
                 dist.all_gather_object(counts, have)
                 have = min(counts)
@@ -521,13 +537,24 @@ def main(args: Args):
                                 clip_high=args.clip_high, dual_clip_c=args.dual_clip_c or None,
                                 kl_coef=args.kl_coef, kl_type=args.kl_type, temperature=args.temperature,
                                 gradient_checkpointing=args.gradient_checkpointing, loss_scale=scaler,
-                                packed=args.packed)
+                                packed=args.packed, skip_nonfinite=args.max_nonfinite_skips > 0)
         except grpo.NonFiniteLossError as e:
             # no optimizer step touched the weights with the bad gradient; keep what is good and stop
             path = os.path.join(out, f"ckpt-nonfinite-step{step + 1}.pt")
             _save_checkpoint(path, policy, optimizer, scheduler, scaler, step, master, data_pos=step_pos)
             raise SystemExit(f"step {step + 1}: {e}\nweights are unchanged by the bad update; saved {path}. "
                              f"The last regular checkpoint is {ckpt_path}.")
+        if stats.get("nonfinite_skipped"):  # --max-nonfinite-skips: skipped, counted in a row across steps
+            whole = stats["nonfinite_trailing"] == stats["n_mini_batches"]
+            nonfinite_run = (nonfinite_run if whole else 0) + stats["nonfinite_trailing"]
+            log(f"step {step + 1}: skipped {stats['nonfinite_skipped']} non-finite mini-batch(es), {nonfinite_run} in a row")
+            if nonfinite_run > args.max_nonfinite_skips:
+                path = os.path.join(out, f"ckpt-nonfinite-step{step + 1}.pt")
+                _save_checkpoint(path, policy, optimizer, scheduler, scaler, step + 1, master, data_pos=data_pos)
+                raise SystemExit(f"step {step + 1}: {nonfinite_run} non-finite mini-batches in a row, more than "
+                                 f"--max-nonfinite-skips {args.max_nonfinite_skips}; saved {path}")
+        elif stats:
+            nonfinite_run = 0
         if args.warmup_unit == "train":
             scheduler.step()  # veRL: once per training step, after the update
         t["update"] = time.perf_counter() - t0
@@ -574,28 +601,25 @@ def main(args: Args):
 
 # ---------------------------------------------------------------------- helpers of the loop
 
-def _evaluate(loop, eng, sandbox, tokenizer, problems, args, *, step, out_dir, saar_cfg, roll_kw, rank, world) -> dict:
+def _evaluate(loop, eng, sandbox, tokenizer, problems, args, *, step, out_dir, saar_cfg, roll_cfg, rank, world) -> dict:
     """Held-out accuracy: greedy, and at the rollout temperature with --eval-sampled; test-time SAAR off, on or
     both (--eval-saar). Returns the metrics (with t_eval); every rank's per-problem records go to
     out/eval_step<step>.jsonl when out_dir is given (the master), which _summary reads."""
     import rollout
     import reward
-    import saar
     import torch.distributed as dist
     t0 = time.perf_counter()
-    cfg = saar_cfg or saar.SaarConfig(gamma=args.gamma, max_retries=args.max_retries, sim_on=args.sim_on,
-                                      sim_eos=args.sim_eos)
     mine = problems[rank::world]
     results, records = {}, []
     prompts = [rollout.prompt_ids(tokenizer, p.problem, p.task, args.tool_format) for p in mine]
     temps = [("greedy", 0.0)] + ([("sampled", args.temperature)] if args.eval_sampled else [])
     # test-time SAAR off is eval_greedy, on is eval_greedy_saar, whatever the flag, so runs and their later
     # --eval-only calls line up
-    modes = {"off": [("", None)], "on": [("_saar", cfg)], "both": [("", None), ("_saar", cfg)]}[args.eval_saar]
+    modes = {"off": [("", None)], "on": [("_saar", saar_cfg)], "both": [("", None), ("_saar", saar_cfg)]}[args.eval_saar]
     for (name, temp), (suffix, mode_cfg) in ((t, m) for t in temps for m in modes):
+        cfg = dataclasses.replace(roll_cfg, temperature=temp, saar_cfg=mode_cfg, saar_p=1.0)
         trajs = loop.run_until_complete(rollout.rollout_batch(
-            eng, sandbox, tokenizer, prompts, seeds=list(range(len(prompts))), temperature=temp, top_p=args.top_p,
-            saar_cfg=mode_cfg, saar_p=1.0, progress=out_dir is not None, **roll_kw))
+            eng, sandbox, tokenizer, prompts, cfg, seeds=list(range(len(prompts))), progress=out_dir is not None))
         rows = [dict(id=p.id, ok=bool(reward.grade(p.task, tr.final_text(tokenizer), answer=p.answer, tests=p.tests,
                                                    sandbox=sandbox, math_grader=args.math_grader)),
                      calls=tr.num_first_calls, errors=tr.num_first_errors) for p, tr in zip(mine, trajs)]

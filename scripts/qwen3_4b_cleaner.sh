@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Qwen3-4B CLEANER (the paper's main run): GRPO + SAAR on every trajectory, 4 GPUs, one node.
-# The official code's choices where ours differ: veRL's loss aggregation and warmup, the tool's echo of a
-# final expression, json_repair for calls, a 30-call cap that only stops SAAR, the strict boxed-answer reward and
-# the similarity on the call as generated to the end of the turn (README: Departures).
+# --faithful: the official code's choices where ours differ (train.py FAITHFUL; README: Departures): veRL's
+# loss aggregation and warmup, the tool's echo of a final expression, json_repair for calls, a 30-call cap
+# that only stops SAAR, the strict boxed-answer reward, the similarity on the call as generated to the end of
+# the turn, and prompts over 2560 tokens dropped.
 # Data: python data/download.py --sets open_agentrl,aime24,aime25 --out data_cache
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,8 +14,7 @@ torchrun --nproc_per_node="$NPROC" train.py \
   --prompts-per-step 128 --samples-per-prompt 16 --mini-batch-prompts 32 \
   --max-turns 16 --max-response-tokens 20480 --overlong-buffer 4096 --overlong-penalty 1.0 \
   --temperature 1.0 --top-p 1.0 --lr 2e-6 --warmup-steps 20 --weight-decay 0.01 --train-layers 0 \
-  --clip-low 0.2 --clip-high 0.28 --dual-clip-c 10 --agg verl-token-mean --kl-coef 0 --warmup-unit train \
-  --saar --rollback-p 1.0 --gamma 0.5 --max-retries 3 --max-tool-calls 30 --no-tool-cap-ends --tool-output-chars 256 \
-  --tool-echo --repair-json --math-grader strict-box --sim-eos \
+  --clip-low 0.2 --clip-high 0.28 --dual-clip-c 10 --kl-coef 0 --faithful \
+  --saar --rollback-p 1.0 --gamma 0.5 --max-retries 3 --max-tool-calls 30 --tool-output-chars 256 \
   --tool-timeout-s 4 --sandbox-slots 16 --max-tokens-per-micro 23040 --gradient-checkpointing \
   --dtype float16 --device cuda --steps 235 --eval-every 10 --save-every 10 "$@"

@@ -1,6 +1,7 @@
 """eval.py: pass@k / mean@n / maj@n, the loaders (on synthetic GPQA and LiveCodeBench fixtures),
 the JSONL round trip of --score, and the error messages. Only the model is faked."""
 import base64
+import dataclasses
 import itertools
 import json
 import os
@@ -12,6 +13,7 @@ import pytest
 
 import eval as ev
 from data.benchmarks import decode_lcb_tests
+from data.problems import Problem
 
 # gpqa_synthetic.csv: eight made-up toy questions in the official GPQA CSV columns (no GPQA content).
 # gpqa_synthetic.zip: the same CSV as dataset/gpqa_diamond.csv, encrypted like GPQA's dataset.zip
@@ -308,3 +310,40 @@ def test_lcb_records_are_scored_in_the_sandbox(lcb_dir, tmp_path, capsys):
     write_jsonl(path, [dict(records[0], problem_id="zzz")])
     with pytest.raises(SystemExit, match="lcb problems not found"):
         ev.main(["--score", str(path), "--lcb-dir", str(lcb_dir)])
+
+
+def test_generate_passes_its_saar_and_tool_flags_to_the_rollout(monkeypatch):
+    """eval.py has train.py's test-time SAAR and tool flags (gamma, retries, similarity input, echo, JSON
+    repair, the call cap), and they reach the rollout."""
+    import rollout
+    seen = {}
+
+    async def capture(engine, sandbox, tok, prompts, cfg, *, seeds, progress, **overrides):
+        seen.update(cfg=cfg, overrides=overrides)
+        raise RuntimeError("captured")
+
+    monkeypatch.setattr(rollout, "rollout_batch", capture)
+    args = ev.Args(model="tiny-qwen3", benchmarks="aime24", n=1, saar="on", gamma=0.7, max_retries=2, sim_eos=True,
+                   tool_echo=True, repair_json=True, tool_cap_ends=False, max_tool_calls=7, max_new_tokens=64)
+    prob = Problem(id="p", problem="What is 1 + 1?", answer="2", task="math", tests=None, meta={"benchmark": "aime24"})
+    with pytest.raises(RuntimeError, match="captured"):
+        ev.generate(args, [prob])
+    cfg = dataclasses.replace(seen["cfg"], **seen["overrides"])
+    assert (cfg.saar_cfg.gamma, cfg.saar_cfg.max_retries, cfg.saar_cfg.sim_eos, cfg.saar_cfg.sim_on) == (0.7, 2, True, "call")
+    assert cfg.echo and cfg.repair_json and cfg.cap_ends is False and cfg.max_tool_calls == 7
+
+
+def test_a_benchmark_is_one_registry_entry(monkeypatch, tmp_path, capsys):
+    """Adding a benchmark is one entry of eval.BENCHMARKS: parsing, samples per problem, the paper's test-time
+    SAAR setting, grading and the tables all follow it; nothing else names benchmarks."""
+    prob = Problem(id="t1", problem="What is 1 + 1?", answer="2", task="math", tests=None, meta={"benchmark": "toy"})
+    monkeypatch.setitem(ev.BENCHMARKS, "toy", ev.Benchmark("math", lambda a: [prob], lambda a: 3, False))
+    args = ev.Args(benchmarks="toy", saar="paper")
+    assert ev.parse_benchmarks("toy") == ["toy"] and ev.load_benchmark("toy", args) == [prob]
+    assert ev.samples_per_problem(args, "toy") == 3 and ev.saar_settings(args, "toy") == [False]
+    path = tmp_path / "toy.jsonl"
+    recs = [dict(benchmark="toy", problem_id="t1", sample_idx=i, response=r, gold="2", num_tool_calls=0,
+                 num_tool_errors=0, saar=False) for i, r in enumerate(["\\boxed{2}", "\\boxed{3}", "\\boxed{2}"])]
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    summary = ev.main(["--score", str(path)])
+    assert summary["toy"]["mean@n"] == pytest.approx(2 / 3) and summary["toy"]["maj@n"] == 1.0

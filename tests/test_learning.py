@@ -195,8 +195,8 @@ def test_tool_tokens_get_no_gradient_and_saar_splice_does():
         assert error not in text and "Traceback" not in text and json.dumps(bad_code) not in text
         # the splice: shallow = old reasoning + new call, deep = the new turn whole
         old_ids, new_ids = enc(bad), enc(fixed)
-        k_new = saar.split_turn(new_ids, tokenizer=tok) if kind == "shallow" else 0
-        pos = saar.split_turn(old_ids, tokenizer=tok) if kind == "shallow" else 0
+        k_new = saar.split_turn(new_ids, tokenizer=tok, syntax=rollout.CallSyntax('hermes')) if kind == "shallow" else 0
+        pos = saar.split_turn(old_ids, tokenizer=tok, syntax=rollout.CallSyntax('hermes')) if kind == "shallow" else 0
         spliced = new_ids[k_new:]
         assert traj.response_ids[:pos] == old_ids[:pos]
         dropped = fixed[:fixed.index("<tool_call>")] if kind == "shallow" else bad[:bad.index("<tool_call>")]

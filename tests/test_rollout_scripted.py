@@ -124,8 +124,8 @@ def test_error_fix_success_is_purified(tok, sb):
     assert "SyntaxError" in tok.decode(eng.inputs[1])
     # the final trajectory holds neither: it is the purified conversation, token for token
     purified_call = call("print(sum(range(10)))", reasoning)
-    k = saar.split_turn(ids(tok, bad), tokenizer=tok)
-    want = ids(tok, bad)[:k] + ids(tok, fixed)[saar.split_turn(ids(tok, fixed), tokenizer=tok):]
+    k = saar.split_turn(ids(tok, bad), tokenizer=tok, syntax=rollout.CallSyntax('hermes'))
+    want = ids(tok, bad)[:k] + ids(tok, fixed)[saar.split_turn(ids(tok, fixed), tokenizer=tok, syntax=rollout.CallSyntax('hermes')):]
     assert tok.decode(want) == purified_call
     assert traj.response_ids == want + tool_ids(tok, "45\n") + ids(tok, turns[2])
     assert "SyntaxError" not in traj.text and "range(10))\"" not in traj.text

@@ -5,8 +5,11 @@ import math
 
 import pytest
 
+import rollout
 import saar
 from data.models import load_tokenizer
+
+HERMES, MARKDOWN = rollout.CallSyntax("hermes"), rollout.CallSyntax("markdown")
 
 
 @pytest.fixture(scope="module", params=["tiny-qwen3", "tiny-bytes"])
@@ -34,7 +37,7 @@ def test_typo_fix_is_shallow_and_keeps_reasoning_bytes(tok):
     reasoning = "Let me add the numbers from 0 to 9 with a quick script.\n"
     old = enc(tok, hermes(reasoning, "print(sum(range(10))"))
     new = enc(tok, hermes("Oops, a missing parenthesis. Fixed:\n", "print(sum(range(10)))"))
-    rep = saar.replace_turn(old, new, tokenizer=tok, gamma=0.5, tool_format="hermes")
+    rep = saar.replace_turn(old, new, tokenizer=tok, gamma=0.5, syntax=HERMES)
     assert rep.kind == "shallow" and rep.similarity > 0.9
     k = rep.keep
     assert rep.ids[:k] == old[:k]  # the old reasoning tokens, byte for byte
@@ -48,7 +51,7 @@ def test_different_algorithm_is_deep(tok):
                 "pairs = [w1 + w2 for w1, w2 in combinations(words, 2)]\nprint(sorted(pairs, key=len)[-1].upper())")
     old = enc(tok, hermes("Brute force it.\n", old_code))
     new = enc(tok, hermes("Use sympy instead.\n", new_code))
-    rep = saar.replace_turn(old, new, tokenizer=tok, gamma=0.5, tool_format="hermes")
+    rep = saar.replace_turn(old, new, tokenizer=tok, gamma=0.5, syntax=HERMES)
     assert rep.kind == "deep" and rep.similarity < 0.5
     assert rep.ids == new and rep.keep == 0
 
@@ -56,9 +59,9 @@ def test_different_algorithm_is_deep(tok):
 def test_turn_without_call_is_deep(tok):
     old = enc(tok, hermes("Compute.\n", "print(1/0)"))
     new = enc(tok, "The answer is \\boxed{3}.")
-    rep = saar.replace_turn(old, new, tokenizer=tok, tool_format="hermes")
+    rep = saar.replace_turn(old, new, tokenizer=tok, syntax=HERMES)
     assert rep.kind == "deep" and math.isnan(rep.similarity) and rep.ids == new
-    rep = saar.replace_turn(new, old, tokenizer=tok, tool_format="hermes")
+    rep = saar.replace_turn(new, old, tokenizer=tok, syntax=HERMES)
     assert rep.kind == "deep" and rep.ids == old
 
 
@@ -66,7 +69,7 @@ def test_unicode_in_code(tok):
     reasoning = "Print the greeting — «café» ✓\n"
     old = enc(tok, hermes(reasoning, "print('héllo ✓ 中文'"))
     new = enc(tok, hermes("fixed\n", "print('héllo ✓ 中文')"))
-    rep = saar.replace_turn(old, new, tokenizer=tok, tool_format="hermes")
+    rep = saar.replace_turn(old, new, tokenizer=tok, syntax=HERMES)
     assert rep.kind == "shallow"
     assert tok.decode(rep.ids) == hermes(reasoning, "print('héllo ✓ 中文')")
 
@@ -74,11 +77,11 @@ def test_unicode_in_code(tok):
 def test_empty_call(tok):
     old = enc(tok, "Let me try.\n<tool_call>\n\n</tool_call>")
     new = enc(tok, hermes("Now with code.\n", "print(2**10)"))
-    k = saar.split_turn(old, tokenizer=tok, tool_format="hermes")
+    k = saar.split_turn(old, tokenizer=tok, syntax=HERMES)
     assert tok.decode(old[:k]) == "Let me try.\n"
-    rep = saar.replace_turn(old, new, tokenizer=tok, tool_format="hermes")
+    rep = saar.replace_turn(old, new, tokenizer=tok, syntax=HERMES)
     assert rep.kind in ("shallow", "deep")
-    k_new = saar.split_turn(new, tokenizer=tok, tool_format="hermes")
+    k_new = saar.split_turn(new, tokenizer=tok, syntax=HERMES)
     expected = saar.similarity("<tool_call>\n\n</tool_call>", tok.decode(new[k_new:]))
     assert rep.similarity == pytest.approx(expected)
 
@@ -90,14 +93,14 @@ def test_marker_split_across_tokens():
     text = hermes("Let me check this:", "print(7*6)")
     ids = enc(smol, text)
     assert len(enc(smol, "<tool_call>")) > 1
-    k = saar.split_turn(ids, tokenizer=smol, tool_format="hermes")
+    k = saar.split_turn(ids, tokenizer=smol, syntax=HERMES)
     head, tail = smol.decode(ids[:k]), smol.decode(ids[k:])
     assert head + tail == text and "<tool_call>" in tail and "<tool_call>" not in head
     assert text.startswith(head) and len(head) <= text.index("<tool_call>")
     md = "I will compute it\n```python\nprint(7*6)\n```\n"
     q = load_tokenizer("tiny-qwen3")
     ids = enc(q, md)
-    k = saar.split_turn(ids, tokenizer=q, tool_format="markdown")
+    k = saar.split_turn(ids, tokenizer=q, syntax=MARKDOWN)
     head, tail = q.decode(ids[:k]), q.decode(ids[k:])
     assert head + tail == md and tail.lstrip("\n").startswith("```python") and "```" not in head
 
@@ -106,18 +109,18 @@ def test_markdown_shallow_and_code_similarity():
     q = load_tokenizer("tiny-qwen3")
     old = enc(q, "Compute it.\n```python\nprint(sum(i*i for i in range(100))\n```\n")
     new = enc(q, "Fix.\n```python\nprint(sum(i*i for i in range(100)))\n```\n")
-    rep = saar.replace_turn(old, new, tokenizer=q, tool_format="markdown")
+    rep = saar.replace_turn(old, new, tokenizer=q, syntax=MARKDOWN)
     assert rep.kind == "shallow"
     assert q.decode(rep.ids) == "Compute it.\n```python\nprint(sum(i*i for i in range(100)))\n```\n"
     # on code only, a JSON-wrapped call and a different short program are told apart
     a = enc(q, hermes("", "x = 3\nprint(x * 2)"))
     b = enc(q, hermes("", "import math\nprint(math.pi)"))
-    on_call = saar.replace_turn(a, b, tokenizer=q, tool_format="hermes", sim_on="call").similarity
-    on_code = saar.replace_turn(a, b, tokenizer=q, tool_format="hermes", sim_on="code").similarity
+    on_call = saar.replace_turn(a, b, tokenizer=q, syntax=HERMES, sim_on="call").similarity
+    on_code = saar.replace_turn(a, b, tokenizer=q, syntax=HERMES, sim_on="code").similarity
     assert on_code < on_call
     assert on_code == pytest.approx(saar.similarity("x = 3\nprint(x * 2)", "import math\nprint(math.pi)"))
     with pytest.raises(ValueError, match="sim_on"):
-        saar.replace_turn(a, b, tokenizer=q, sim_on="bogus")
+        saar.replace_turn(a, b, tokenizer=q, syntax=HERMES, sim_on="bogus")
 
 
 def test_sim_eos_compares_the_call_as_the_official_loop_has_it():
@@ -127,8 +130,8 @@ def test_sim_eos_compares_the_call_as_the_official_loop_has_it():
     flipped = None
     for k in range(1, 200):  # two unrelated codes of growing length: the ratio falls through 0.5
         old, new = enc(tok, hermes("Try.\n", "a" * k)), enc(tok, hermes("Again.\n", "b" * k))
-        ours = saar.replace_turn(old, new, tokenizer=tok)
-        official = saar.replace_turn(old, new, tokenizer=tok, sim_eos=True)
+        ours = saar.replace_turn(old, new, tokenizer=tok, syntax=HERMES)
+        official = saar.replace_turn(old, new, tokenizer=tok, syntax=HERMES, sim_eos=True)
         if ours.kind != official.kind:
             flipped = k
             break

@@ -339,6 +339,30 @@ def test_a_deep_directory_tree_does_not_break_a_worker(sb, contained):
     assert r.ok and r.text == "[] []\n", r.text
 
 
+def test_answers_graders_and_runs_are_hidden_from_the_code(tmp_path, contained):
+    """A policy that reads the answer key would be rewarded for it: with bwrap, the checkout (reward.py, tests,
+    run folders), the problem sets beside it, the caches and the caller's folders are empty to the code, while
+    the interpreter and its libraries (a venv inside the checkout too) still work."""
+    run_dir = tmp_path / "out"
+    (run_dir / "rollouts").mkdir(parents=True)
+    (run_dir / "rollouts" / "step_1.jsonl").write_text('{"answer": "42"}')
+    with Sandbox(slots=1, timeout_s=LONG, hide=(str(run_dir),)) as sb:
+        if "bwrap" not in sb.layers:
+            pytest.skip("only bubblewrap can hide folders")
+        repo = Path(__file__).resolve().parents[1]
+        shared = repo.parent / "shared"
+        code = ("import os, numpy\n"
+                f"for d in {[str(repo), str(repo / 'tests'), str(shared), str(run_dir)]!r}:\n"
+                "    print(d, sorted(os.listdir(d)) if os.path.isdir(d) else 'absent')\n"
+                f"print(os.path.exists({str(repo / 'reward.py')!r}), int(numpy.ones(3).sum()))")
+        r = sb.run(code)
+    assert r.ok, r.text
+    lines = r.text.splitlines()
+    assert not any(f"'{name}'" in lines[0] for name in ("reward.py", "tests", "train.py")), lines[0]  # only what runs
+    assert all(line.endswith(" []") or line.endswith(" absent") for line in lines[1:4]), lines
+    assert lines[4] == "False 3"
+
+
 def test_syntax_error_shows_the_line(sb, contained):
     r = sb.run("x = 1\ny = (x +\nprint(y)")
     expect(r, "syntax", 'File "<cell>", line 2', "y = (x +", "SyntaxError")

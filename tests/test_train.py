@@ -236,3 +236,42 @@ def test_long_prompts_are_dropped_at_load_time_and_counted(tmp_path):
     assert "dropped 1 of 4 training problems whose prompt is longer than --max-prompt-tokens 300" in run.stdout
     dumped = [json.loads(x) for f in sorted((tmp_path / "lp" / "rollouts").iterdir()) for x in f.read_text().splitlines()]
     assert dumped and all("Add these numbers" not in d["prompt"] for d in dumped)
+
+
+def test_faithful_sets_every_official_choice_and_runs(tmp_path):
+    run = subprocess.run([sys.executable, "train.py", *SMALL, "--out-dir", str(tmp_path), "--run-name", "f",
+                          "--steps", "2", "--faithful", "--saar"],
+                         cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    args = json.loads((tmp_path / "f" / "run.json").read_text())["args"]
+    assert {k: args[k] for k in train.FAITHFUL} == train.FAITHFUL
+    assert metrics(tmp_path / "f")[1]["lr"] == 0.0  # veRL's warmup: the first step's lr is 0
+
+
+def test_nonfinite_minibatches_are_skipped_up_to_k_in_a_row(tmp_path, monkeypatch):
+    """--max-nonfinite-skips K (veRL skips them all): from step 2 on every mini-batch is non-finite; step 2's two
+    are skipped (2 in a row), step 3's make 4 > K=3, so the run saves and stops, the weights never touched."""
+    import grpo
+    real, calls = grpo.update, []
+
+    def poisoned(model, optimizer, scheduler, batch, **kw):
+        calls.append(len(batch))
+        if len(calls) >= 2:
+            for t in (batch[0], batch[kw["mini_batch_size"]]):  # one trajectory in each of the two mini-batches
+                vals = list(t.old_logp) if t.old_logp is not None else [0.0] * len(t.input_ids)
+                vals[t.loss_mask.index(1)] = float("nan")
+                t.old_logp = vals
+        return real(model, optimizer, scheduler, batch, **kw)
+
+    monkeypatch.setattr(grpo, "update", poisoned)
+    monkeypatch.chdir(ROOT)
+    args = train.parse_args(train.Args, SMALL + ["--out-dir", str(tmp_path), "--run-name", "skip", "--steps", "4",
+                                                 "--max-nonfinite-skips", "3"])
+    with pytest.raises(SystemExit, match=r"step 3: 4 non-finite mini-batches in a row, more than --max-nonfinite-skips 3"):
+        train.main(args)
+    run = tmp_path / "skip"
+    m = metrics(run)
+    assert sorted(m) == [1, 2] and m[2]["nonfinite_skipped"] == 2 and m[1]["nonfinite_skipped"] == 0
+    step2, stopped = (torch.load(run / f, weights_only=False) for f in ("ckpt.pt", "ckpt-nonfinite-step3.pt"))
+    assert step2["step"] == 2 and all(torch.equal(v, stopped["model"][k]) for k, v in step2["model"].items())
