@@ -541,6 +541,22 @@ def _slab_layer_class():
 SGLANG_VERSION = "0.5.23"  # the release this adapter is written and contract-tested against
 
 
+def build_engine(kind: str, tokenizer, *, model=None, model_path: str | None = None, max_batch: int = 32,
+                 deterministic: bool = False, dtype: str = "bfloat16", mem_fraction_static: float = 0.5, seed: int = 0,
+                 server_url: str | None = None):
+    """The one place an engine is made (train.py, eval.py, sft.py). "hf" decodes with `model`, an already
+    loaded torch model (on one process the policy itself: no copy, no sync); "sglang" loads `model_path`
+    (a local folder) into an in-process SGLang engine, or talks to the server at `server_url`."""
+    if kind == "hf":
+        if model is None:
+            raise ValueError("build_engine('hf') needs the loaded model")
+        return HFEngine(model, tokenizer, max_batch=max_batch, deterministic=deterministic)
+    if kind == "sglang":
+        return SGLangEngine(model_path=model_path, server_url=server_url, deterministic=deterministic, dtype=dtype,
+                            mem_fraction_static=mem_fraction_static, seed=seed, eos_token_ids=[tokenizer.eos_token_id])
+    raise ValueError(f"engine must be hf or sglang, got {kind!r}")
+
+
 def sglang_sampling_params(p: SamplingParams, extra_stop_token_ids=()) -> dict:
     """Our SamplingParams as SGLang's sampling_params dict (sglang/srt/sampling/sampling_params.py)."""
     d = {

@@ -40,12 +40,13 @@ reward.py). The response budget defaults to the paper's 20480 tokens on a GPU bu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,18 +85,24 @@ class Args:
     seed: int = 0
     """sampling seed"""
     # --- rollout
+    faithful: bool = False
+    """the official code's rollout wherever ours differs (FAITHFUL, below Args; README: Departures); it overrides them"""
     tools: bool = True
     """let the model call the Python tool"""
     saar: str = "paper"
     """test-time SAAR: paper (on for AIME/GPQA, off for LCB, as the official eval scripts), on, off, both"""
     tool_format: str = "auto"
     """hermes, markdown, or auto (hermes when the tokenizer has a <tool_call> token)"""
+    prompt_template: str = ""
+    """a JSON file of prompt templates by task and an optional system prompt (as train.py --prompt-template)"""
     max_turns: int = 16
     """most assistant turns in one trajectory"""
     max_tool_calls: int = 30
     """tool executions per trajectory, SAAR retries included"""
     tool_cap_ends: bool = True
     """reaching --max-tool-calls ends the trajectory; --no-tool-cap-ends: only SAAR stops (the official code)"""
+    last_turn_calls: bool = True
+    """a call in the last allowed turn runs; --no-last-turn-calls: the trajectory ends there (the official code)"""
     tool_echo: bool = False
     """a call also prints the repr of its final bare expression when not None (the official tool)"""
     repair_json: bool = False
@@ -114,6 +121,8 @@ class Args:
     """hf (transformers) or sglang (GPU)"""
     engine_batch: int = 32
     """most sequences the HF engine decodes at once"""
+    sglang_mem_fraction: float = 0.8
+    """GPU memory share of the SGLang engine (the official eval: 0.8)"""
     device: str = "auto"
     """cpu, cuda, or auto"""
     # --- data
@@ -139,6 +148,8 @@ class Args:
 
 
 SAAR_MODES = ("paper", "on", "off", "both")
+# --faithful: the official code's rollout choices where our defaults differ (train.py has its own, with the update's)
+FAITHFUL = dict(tool_echo=True, repair_json=True, tool_cap_ends=False, last_turn_calls=False, sim_eos=True)
 
 
 class EvalError(ValueError):
@@ -293,9 +304,10 @@ def generate(args: Args, problems: list[Problem]) -> list[dict]:
     import rollout
     import saar
     from data import models
-    from engine import HFEngine
+    from engine import build_engine
     from sandbox import Sandbox
 
+    templates = rollout.load_prompt_template(args.prompt_template) if args.prompt_template else None
     tok = models.load_tokenizer(args.model)
     fmt = args.tool_format
     if not args.tools:
@@ -306,16 +318,14 @@ def generate(args: Args, problems: list[Problem]) -> list[dict]:
     budget = args.max_new_tokens or (20480 if args.engine == "sglang" or device != "cpu" else 1024)
     print(f"eval: {args.model} on {'sglang' if args.engine == 'sglang' else device}, response budget {budget} tokens, "
           f"{args.max_turns} turns, tool format {fmt}", flush=True)
-    if args.engine == "sglang":
-        from engine import SGLangEngine
-        eng = SGLangEngine(model_path=models.resolve(args.model), eos_token_ids=[tok.eos_token_id], seed=args.seed,
-                           mem_fraction_static=0.8)
-    else:
-        eng = HFEngine(models.load_model(args.model, device=device).eval(), tok, max_batch=args.engine_batch)
+    sglang = args.engine == "sglang"
+    eng = build_engine(args.engine, tok, model=None if sglang else models.load_model(args.model, device=device).eval(),
+                       model_path=models.resolve(args.model) if sglang else None, max_batch=args.engine_batch,
+                       mem_fraction_static=args.sglang_mem_fraction, seed=args.seed)
     # the rollout's settings, once; test-time SAAR per benchmark below
     roll_cfg = rollout.RolloutConfig(
         tool_format=fmt, max_turns=args.max_turns, max_response_tokens=budget, max_tool_calls=args.max_tool_calls,
-        cap_ends=args.tool_cap_ends, tool_output_chars=256, echo=args.tool_echo, repair_json=args.repair_json,
+        cap_ends=args.tool_cap_ends, last_turn_calls=args.last_turn_calls, tool_output_chars=256, echo=args.tool_echo, repair_json=args.repair_json,
         temperature=args.temperature, top_p=args.top_p, saar_p=1.0, eos_ids=(tok.eos_token_id,))
     saar_cfg = saar.SaarConfig(gamma=args.gamma, max_retries=args.max_retries, sim_on=args.sim_on, sim_eos=args.sim_eos)
     records = []
@@ -325,7 +335,7 @@ def generate(args: Args, problems: list[Problem]) -> list[dict]:
             mine = [p for p in problems if p.meta["benchmark"] == bench]
             n = samples_per_problem(args, bench)
             jobs = [(p, i) for p in mine for i in range(n)]
-            ids = {p.id: rollout.prompt_ids(tok, p.problem, p.task, fmt) for p in mine}
+            ids = {p.id: rollout.prompt_ids(tok, p.problem, p.task, fmt, templates=templates) for p in mine}
             for use_saar in saar_settings(args, bench):
                 trajs = loop.run_until_complete(rollout.rollout_batch(
                     eng, sb, tok, [ids[p.id] for p, _ in jobs], roll_cfg, saar_cfg=saar_cfg if use_saar else None,
@@ -566,6 +576,8 @@ def evaluate(args: Args) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     from train import parse_args  # one dataclass -> argparse helper for every entry script
     args = parse_args(Args, argv, description="Evaluate a model on AIME24/25, GPQA-Diamond and LiveCodeBench.")
+    if args.faithful:
+        args = dataclasses.replace(args, **FAITHFUL)
     try:
         return score(args) if args.score else evaluate(args)
     except EvalError as e:

@@ -41,7 +41,7 @@ TOOL_SCHEMA = {"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"code": {"type": "string", "description": "Python code to run."}},
                    "required": ["code"]}}}
 
-# --------------------------------------------------------------------------- prompts (one place)
+# --------------------------------------------------------------------------- model-facing text (one place)
 # {tool} is the per-format sentence on how to call the interpreter.
 PROMPTS = {
     "math": ("Solve the following math problem step by step.\n\n{problem}\n\n"
@@ -53,6 +53,11 @@ PROMPTS = {
     "gpqa": ("Answer the following multiple-choice question step by step.\n\n{problem}\n\n"
              "{tool}Use it for exact calculation. Give the letter of the final answer as \\boxed{{X}}."),
 }
+# What the model reads after a tool call, besides the result itself (built by Runner.feedback and
+# Runner.give_up_note; the sandbox's ExecResult.text and parse_call's messages are the result)
+FIX_INSTRUCTION = "\nThe tool call above failed. Fix the error and call the tool again."
+GIVE_UP_NOTE = ("\n\nNote: this approach has failed {n} times in a row. "
+                "Consider a different algorithm, method or approach.")
 TOOL_SENTENCE = {
     "hermes": "You can run Python with the code_interpreter tool. ",
     "markdown": "You can run Python: write code in a ```python block and its output will be shown to you. ",
@@ -60,17 +65,43 @@ TOOL_SENTENCE = {
 }
 
 
-def make_prompt(problem: str, task: str = "math", tool_format: str = "hermes") -> str:
+def load_prompt_template(path: str) -> dict:
+    """A prompt template file (--prompt-template): JSON {"math": ..., "code": ..., "gpqa": ..., "system": ...}, each
+    optional; a task's template holds {problem} and may hold {tool} (the tool sentence). For users who want
+    other wording, e.g. the official prompts, which the project does not carry."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            t = json.load(f)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"--prompt-template {path}: no such file") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--prompt-template {path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    if not isinstance(t, dict) or not all(isinstance(v, str) for v in t.values()):
+        raise ValueError(f"--prompt-template {path}: expected a JSON object of strings")
+    unknown = set(t) - set(PROMPTS) - {"system"}
+    if unknown:
+        raise ValueError(f"--prompt-template {path}: unknown keys {sorted(unknown)}; known: {sorted(PROMPTS)} and system")
+    for task, text in t.items():
+        if task != "system" and "{problem}" not in text:
+            raise ValueError(f"--prompt-template {path}: the {task!r} template has no {{problem}}")
+    return t
+
+
+def make_prompt(problem: str, task: str = "math", tool_format: str = "hermes", templates: dict | None = None) -> str:
     if task not in PROMPTS:
         raise ValueError(f"unknown task {task!r}; expected one of {sorted(PROMPTS)}")
+    if templates and task in templates:  # a user's file: plain placeholders, other braces as written (\\boxed{})
+        return templates[task].replace("{problem}", problem.strip()).replace("{tool}", TOOL_SENTENCE[tool_format])
     return PROMPTS[task].format(problem=problem.strip(), tool=TOOL_SENTENCE[tool_format])
 
 
 def prompt_ids(tokenizer, problem: str, task: str = "math", tool_format: str = "hermes",
-               system: str | None = None) -> list[int]:
-    """Template the first user turn once; everything after it is appended token by token."""
+               system: str | None = None, templates: dict | None = None) -> list[int]:
+    """Template the first user turn once; everything after it is appended token by token. templates: from
+    load_prompt_template (its "system" is used when no system is given)."""
+    system = system or (templates or {}).get("system")
     msgs = ([{"role": "system", "content": system}] if system else []) + \
-           [{"role": "user", "content": make_prompt(problem, task, tool_format)}]
+           [{"role": "user", "content": make_prompt(problem, task, tool_format, templates)}]
     return list(tokenizer.apply_chat_template(msgs, tools=[TOOL_SCHEMA] if tool_format == "hermes" else None,
                                               add_generation_prompt=True, tokenize=True, return_dict=False))
 
@@ -263,6 +294,7 @@ class RolloutConfig:
     max_turn_tokens: int | None = None     # cap on one assistant turn (None: the remaining budget)
     max_tool_calls: int = 30               # tool executions per trajectory, SAAR retries included
     cap_ends: bool = True                  # the call cap ends the trajectory (ours) or only stops SAAR (official)
+    last_turn_calls: bool = True           # a call in the last allowed turn runs (ours); official: the turn ends it
     tool_output_chars: int = 256           # tool output shown to the model, cut in the middle (paper: 256)
     error_format: str = "full"             # model-facing error: full (stdout + compact traceback) or last_line
     stateful: bool = False                 # a persistent Python session per trajectory (the paper's is stateless)
@@ -340,6 +372,15 @@ class Runner:
     def truncate(self, text: str) -> str:
         return truncate_middle(text, self.cfg.tool_output_chars)
 
+    def feedback(self, result: "ToolResult", instruction: bool = False) -> str:
+        """The error SAAR shows before a regeneration: the result as cut for the model, and with
+        --feedback-instruction an explicit request to fix it."""
+        return self.truncate(result.text) + (FIX_INSTRUCTION if instruction else "")
+
+    def give_up_note(self, failed: int) -> str:
+        """Appended to the last error when SAAR gives up after `failed` failed attempts."""
+        return GIVE_UP_NOTE.format(n=failed)
+
     def tool_turn_ids(self, text: str, ended: bool) -> list[int]:
         return self.tokenizer.encode(tool_turn_text(text, self.tool_format, ended), add_special_tokens=False)
 
@@ -378,6 +419,8 @@ async def rollout_one(engine, sandbox, tokenizer, prompt: list[int], cfg: Rollou
             return "length"
         if not run.can_call() and cfg.cap_ends:
             return "max_tool_calls"
+        if not cfg.last_turn_calls and run.turn == cfg.max_turns - 1:
+            return "max_turns"  # the official loop stops at the last turn without running its call
         result = await run.execute(call)
         note = ""
         if not result.ok and state.on:

@@ -24,7 +24,9 @@ the raw error as feedback, no importance correction. Departures, all flags:
     pi(clean)/pi(sampled) for the loss; "gate" keeps the error (no replacement) when the sequence-level
     ratio over the replaced tokens falls below `is_gate`. Both need `engine.score` on the purified context;
   * the split position is found on token boundaries by decoding prefixes (binary search instead of the
-    official linear scan: the same boundary, O(log n) decodes).
+    official linear scan, O(log n) decodes: the same boundary when the call marker is one token; when it is
+    spelled in plain tokens, ours keeps the marker whole in the call, the official scan splits inside it);
+  * `sim_eos` compares the call segments with the turn's <|im_end|>, as the official loop generates them.
 """
 from __future__ import annotations
 
@@ -33,9 +35,6 @@ import math
 from dataclasses import dataclass, field
 
 
-GIVE_UP_NOTE = ("\n\nNote: this approach has failed {n} times in a row. "
-                "Consider a different algorithm, method or approach.")
-FIX_INSTRUCTION = "\nThe tool call above failed. Fix the error and call the tool again."
 
 
 # --------------------------------------------------------------------------- pure parts
@@ -150,11 +149,11 @@ async def retry_failed_call(traj, start: int, result, *, cfg: SaarConfig, state:
             state.on = False  # give up: keep the last failed attempt and its error
             state.events.append(dict(turn=run.turn, kind="given_up", similarity=None, retry=retries,
                                      error_kind=result.error_kind))
-            return Outcome(result=result, note=GIVE_UP_NOTE.format(n=retries + 1) if retries >= 2 else "")
+            return Outcome(result=result, note=run.give_up_note(retries + 1) if retries >= 2 else "")
         # snapshot = the trajectory up to and including the failed turn; restoring is truncating to `start`
         old_turn, old_logp = traj.response_ids[start:], traj.logprobs[start:]
         old_isw = traj.is_weight[start:] if traj.is_weight is not None else None
-        feedback = run.truncate(result.text) + (FIX_INSTRUCTION if cfg.feedback_instruction else "")
+        feedback = run.feedback(result, instruction=cfg.feedback_instruction)
         fb = run.tool_turn_ids(feedback, run.ended(old_turn))
         if run.left(traj.prompt_ids + traj.response_ids) - len(fb) < 1:
             # no room for the error and a new turn within the response budget: the failed call stays, and

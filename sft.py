@@ -486,8 +486,9 @@ def evaluate(engine, tokenizer, *, tool_format: str, n: int, seed: int, max_turn
 
 
 def _evaluate_model(model, tokenizer, args: Args) -> dict:
-    from engine import HFEngine
-    eng = HFEngine(model.eval(), tokenizer, max_batch=8)  # a fresh one each time: no prefix KV of older weights
+    from engine import build_engine
+    # a fresh one each time: no prefix KV of older weights
+    eng = build_engine("hf", tokenizer, model=model.eval(), max_batch=8)
     try:
         return evaluate(eng, tokenizer, tool_format=args.tool_format, n=args.eval_n, seed=args.seed)
     finally:

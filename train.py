@@ -85,6 +85,9 @@ class Args:
     # rollout
     tool_format: str = "markdown"
     """hermes (Qwen, the paper), markdown (```python blocks, SmolLM2) or none (no-tool baseline)"""
+    prompt_template: str = ""
+    """a JSON file of prompt templates by task ({problem}, {tool}) and an optional system prompt, e.g. the
+    official wording (rollout.load_prompt_template; default: ours, rollout.PROMPTS)"""
     prompts_per_step: int = 4
     """prompts per GRPO step (paper: 128)"""
     samples_per_prompt: int = 4
@@ -103,6 +106,9 @@ class Args:
     tool_cap_ends: bool = True
     """reaching --max-tool-calls ends the trajectory; --no-tool-cap-ends: only SAAR stops, and later calls still
     run (the official code)"""
+    last_turn_calls: bool = True
+    """a call in the last allowed turn (--max-turns) runs; --no-last-turn-calls: the trajectory ends there with
+    the call unrun (the official code)"""
     temperature: float = 0.6
     """rollout temperature (paper: 1.0; the 135M demo model writes mostly broken code at 1.0)"""
     top_p: float = 1.0
@@ -235,7 +241,7 @@ class Args:
 
 # --faithful: the official code's (Open-CLEANER, veRL) choices where our defaults differ, in one place
 FAITHFUL = dict(warmup_unit="train", agg="verl-token-mean", math_grader="strict-box", tool_echo=True,
-                repair_json=True, tool_cap_ends=False, sim_eos=True, max_prompt_tokens=2560)
+                repair_json=True, tool_cap_ends=False, last_turn_calls=False, sim_eos=True, max_prompt_tokens=2560)
 
 
 def _field_docs(cls) -> dict[str, str]:
@@ -320,6 +326,7 @@ def main(args: Args):
                          f"({args.mini_batch_prompts}), and that by the world size ({world})")
     if args.eval_saar not in ("off", "on", "both"):
         raise SystemExit(f"--eval-saar must be off, on or both, got {args.eval_saar!r}")
+    templates = rollout.load_prompt_template(args.prompt_template) if args.prompt_template else None
     if args.math_grader not in reward.MATH_GRADERS:
         raise SystemExit(f"--math-grader must be one of {', '.join(reward.MATH_GRADERS)}, got {args.math_grader!r}")
     if args.warmup_unit not in ("optimizer", "train"):
@@ -367,17 +374,16 @@ def main(args: Args):
     # copy, no sync); under FSDP it needs whole weights, so it gets its own copy, refreshed after each
     # update. SGLang (colocated, one engine per rank) holds its own weights and frees its memory during
     # the update.
-    if args.engine == "sglang":
-        eng = engine_mod.SGLangEngine(model_path=models.resolve(model_path), server_url=args.sglang_url or None,
-                                      deterministic=args.deterministic, dtype=args.dtype,
-                                      mem_fraction_static=args.sglang_mem_fraction, seed=args.seed,
-                                      eos_token_ids=[tokenizer.eos_token_id])
-        gen_model = None
-    elif args.engine == "hf":
-        gen_model = models.load_model(model_path, dtype=dtype).to(device).eval() if ddp else policy
-        eng = engine_mod.HFEngine(gen_model, tokenizer, max_batch=args.engine_batch, deterministic=args.deterministic)
-    else:
+    if args.engine not in ("hf", "sglang"):
         raise SystemExit(f"--engine must be hf or sglang, got {args.engine!r}")
+    gen_model = None
+    if args.engine == "hf":
+        gen_model = models.load_model(model_path, dtype=dtype).to(device).eval() if ddp else policy
+    eng = engine_mod.build_engine(args.engine, tokenizer, model=gen_model,
+                                  model_path=models.resolve(model_path) if args.engine == "sglang" else None,
+                                  max_batch=args.engine_batch, deterministic=args.deterministic, dtype=args.dtype,
+                                  mem_fraction_static=args.sglang_mem_fraction, seed=args.seed,
+                                  server_url=args.sglang_url or None)
     ref = None
     if args.kl_coef > 0:
         ref = models.load_model(model_path, dtype=dtype).to(device).eval()
@@ -388,8 +394,8 @@ def main(args: Args):
     train_set = load_problems(args.train_data, seed=args.seed, n=None)
     if args.max_prompt_tokens and not args.eval_only:  # the official recipe drops long prompts at load time
         n_all = len(train_set)
-        train_set = [p for p in train_set if len(rollout.prompt_ids(tokenizer, p.problem, p.task, args.tool_format))
-                     <= args.max_prompt_tokens]
+        train_set = [p for p in train_set if len(rollout.prompt_ids(
+            tokenizer, p.problem, p.task, args.tool_format, templates=templates)) <= args.max_prompt_tokens]
         if len(train_set) < n_all:
             log(f"data: dropped {n_all - len(train_set)} of {n_all} training problems whose prompt is longer than "
                 f"--max-prompt-tokens {args.max_prompt_tokens}")
@@ -416,6 +422,7 @@ def main(args: Args):
     roll_cfg = rollout.RolloutConfig(
         tool_format=args.tool_format, max_turns=args.max_turns, max_response_tokens=args.max_response_tokens,
         max_turn_tokens=args.max_turn_tokens or None, max_tool_calls=args.max_tool_calls, cap_ends=args.tool_cap_ends,
+        last_turn_calls=args.last_turn_calls,
         tool_output_chars=args.tool_output_chars, error_format=args.error_format, stateful=args.stateful,
         echo=args.tool_echo, repair_json=args.repair_json, temperature=args.temperature, top_p=args.top_p,
         saar_cfg=saar_cfg if args.saar else None, saar_p=args.rollback_p, eos_ids=(tokenizer.eos_token_id,))
@@ -427,7 +434,8 @@ def main(args: Args):
 
     # ------------------------------------------------------------------ the loop
     loop = asyncio.new_event_loop()
-    eval_kw = dict(out_dir=out if master else None, saar_cfg=saar_cfg, roll_cfg=roll_cfg, rank=rank, world=world)
+    eval_kw = dict(out_dir=out if master else None, saar_cfg=saar_cfg, roll_cfg=roll_cfg, templates=templates,
+                   rank=rank, world=world)
     # the held-out baseline, before any update; with --eval-only, the one evaluation of the run's current point
     if args.eval_size and ((start_step == 0 and args.steps > 0) or args.eval_only):
         ev = _evaluate(loop, eng, sandbox, tokenizer, eval_set, args, step=start_step, **eval_kw)
@@ -450,7 +458,7 @@ def main(args: Args):
             probs_r = [train_set[order[g % len(order)]] for g in groups_here]
             prompts, seeds, metas_r = [], [], []
             for g, pr in zip(groups_here, probs_r):
-                ids = rollout.prompt_ids(tokenizer, pr.problem, pr.task, args.tool_format)
+                ids = rollout.prompt_ids(tokenizer, pr.problem, pr.task, args.tool_format, templates=templates)
                 for j in range(args.samples_per_prompt):
                     prompts.append(ids)
                     seeds.append(((args.seed * 1_000_003 + step) * 1_000_003 + g) * 1_000_003 + j)  # per trajectory
@@ -601,7 +609,8 @@ def main(args: Args):
 
 # ---------------------------------------------------------------------- helpers of the loop
 
-def _evaluate(loop, eng, sandbox, tokenizer, problems, args, *, step, out_dir, saar_cfg, roll_cfg, rank, world) -> dict:
+def _evaluate(loop, eng, sandbox, tokenizer, problems, args, *, step, out_dir, saar_cfg, roll_cfg, templates, rank,
+              world) -> dict:
     """Held-out accuracy: greedy, and at the rollout temperature with --eval-sampled; test-time SAAR off, on or
     both (--eval-saar). Returns the metrics (with t_eval); every rank's per-problem records go to
     out/eval_step<step>.jsonl when out_dir is given (the master), which _summary reads."""
@@ -611,7 +620,7 @@ def _evaluate(loop, eng, sandbox, tokenizer, problems, args, *, step, out_dir, s
     t0 = time.perf_counter()
     mine = problems[rank::world]
     results, records = {}, []
-    prompts = [rollout.prompt_ids(tokenizer, p.problem, p.task, args.tool_format) for p in mine]
+    prompts = [rollout.prompt_ids(tokenizer, p.problem, p.task, args.tool_format, templates=templates) for p in mine]
     temps = [("greedy", 0.0)] + ([("sampled", args.temperature)] if args.eval_sampled else [])
     # test-time SAAR off is eval_greedy, on is eval_greedy_saar, whatever the flag, so runs and their later
     # --eval-only calls line up

@@ -347,3 +347,10 @@ def test_a_benchmark_is_one_registry_entry(monkeypatch, tmp_path, capsys):
     path.write_text("".join(json.dumps(r) + "\n" for r in recs))
     summary = ev.main(["--score", str(path)])
     assert summary["toy"]["mean@n"] == pytest.approx(2 / 3) and summary["toy"]["maj@n"] == 1.0
+
+
+def test_faithful_sets_the_official_rollout(monkeypatch):
+    seen = {}
+    monkeypatch.setattr(ev, "evaluate", lambda args: seen.setdefault("args", args))
+    ev.main(["--faithful", "--benchmarks", "aime24"])
+    assert {k: getattr(seen["args"], k) for k in ev.FAITHFUL} == ev.FAITHFUL

@@ -68,3 +68,27 @@ def test_smollm2_rollout_on_real_problems_writes_jsonl(sb, shared_data, tmp_path
         for t in r["turns"]:  # every call the model made was executed and its result recorded
             assert t["error_kind"] in ("none", "exception", "syntax", "timeout", "memory", "output_limit", "crash",
                                        "malformed")
+
+
+def test_prompt_template_file(tmp_path):
+    """--prompt-template: a JSON file of the user's wording by task, with {problem} and {tool}, braces as written,
+    and a system prompt; bad files are named with what is wrong."""
+    tok = load_tokenizer("tiny-qwen3")
+    path = tmp_path / "prompts.json"
+    path.write_text(json.dumps({"math": "Q: {problem}\n{tool}Put the answer in \\boxed{}.", "system": "Be brief."}))
+    t = rollout.load_prompt_template(str(path))
+    assert rollout.make_prompt(" 1+1? ", "math", "markdown", t) == \
+        "Q: 1+1?\n" + rollout.TOOL_SENTENCE["markdown"] + "Put the answer in \\boxed{}."
+    assert rollout.make_prompt("x", "code", "hermes", t) == rollout.make_prompt("x", "code", "hermes")  # ours
+    text = tok.decode(rollout.prompt_ids(tok, "1+1?", "math", "hermes", templates=t))
+    assert "Be brief." in text and "Q: 1+1?" in text
+    for bad, msg in [({"math": "no placeholder"}, "has no {problem}"), ({"poem": "{problem}"}, "unknown keys"),
+                     (["x"], "JSON object of strings")]:
+        path.write_text(json.dumps(bad))
+        with pytest.raises(ValueError, match=msg):
+            rollout.load_prompt_template(str(path))
+    path.write_text("{oops")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        rollout.load_prompt_template(str(path))
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        rollout.load_prompt_template(str(tmp_path / "missing.json"))

@@ -246,3 +246,10 @@ def test_saar_never_appends_an_error_past_the_response_budget(tok, sb):
     assert len(traj.response_ids) <= budget and traj.finish_reason == "length" and traj.truncated
     assert [(e["kind"], e.get("reason")) for e in traj.saar_events] == [("given_up", "budget")]
     assert len(eng.inputs) == 1  # nothing was generated after the failed call
+
+
+@pytest.mark.parametrize("runs", [True, False])
+def test_a_call_in_the_last_allowed_turn(tok, sb, runs):
+    """--no-last-turn-calls (the official loop): the last allowed turn ends the trajectory with its call unrun."""
+    traj, _, _ = run(tok, sb, [call("print(1)"), call("print(2)")], max_turns=2, last_turn_calls=runs)
+    assert traj.finish_reason == "max_turns" and traj.num_tool_calls == (2 if runs else 1)
