@@ -74,22 +74,30 @@ def test_kill_mid_step_then_resume_is_bit_identical(tmp_path):
     assert "step    2 | reward" in out_ref
 
 
-def test_a_nonfinite_update_keeps_the_weights_saves_and_stops(tmp_path, monkeypatch):
-    # step 2's batch gets a NaN old log-prob: grpo.update's guard must refuse the optimizer step, and
-    # train.py must save what it has (weights untouched by the bad update), name it, and stop.
+def poison_updates(monkeypatch, bad) -> list:
+    """Wrap grpo.update: on its n-th call (from 1) with bad(n), the first trajectory of every mini-batch gets a
+    NaN old log-prob on one loss token (in the first mini-batch the update would take them from its own pass).
+    Returns the sizes of the batches it was called with."""
     import grpo
     real, calls = grpo.update, []
 
     def poisoned(model, optimizer, scheduler, batch, **kw):
         calls.append(len(batch))
-        if len(calls) == 2:
-            t = batch[0]  # in the first mini-batch, whose old log-probs the update takes from its own pass
-            vals = list(t.old_logp) if t.old_logp is not None else [0.0] * len(t.input_ids)
-            vals[t.loss_mask.index(1)] = float("nan")
-            t.old_logp = vals
+        if bad(len(calls)):
+            for t in batch[::kw["mini_batch_size"]]:
+                vals = list(t.old_logp) if t.old_logp is not None else [0.0] * len(t.input_ids)
+                vals[t.loss_mask.index(1)] = float("nan")
+                t.old_logp = vals
         return real(model, optimizer, scheduler, batch, **kw)
 
     monkeypatch.setattr(grpo, "update", poisoned)
+    return calls
+
+
+def test_a_nonfinite_update_keeps_the_weights_saves_and_stops(tmp_path, monkeypatch):
+    # step 2's batch gets a NaN old log-prob: grpo.update's guard must refuse the optimizer step, and
+    # train.py must save what it has (weights untouched by the bad update), name it, and stop.
+    calls = poison_updates(monkeypatch, lambda n: n == 2)
     monkeypatch.chdir(ROOT)
     args = train.parse_args(train.Args, SMALL + ["--out-dir", str(tmp_path), "--run-name", "nan", "--steps", "3"])
     with pytest.raises(SystemExit, match=r"(?s)step 2: non-finite loss in mini-batch 0 .*ckpt-nonfinite-step2\.pt"):
@@ -252,19 +260,7 @@ def test_faithful_sets_every_official_choice_and_runs(tmp_path):
 def test_nonfinite_minibatches_are_skipped_up_to_k_in_a_row(tmp_path, monkeypatch):
     """--max-nonfinite-skips K (veRL skips them all): from step 2 on every mini-batch is non-finite; step 2's two
     are skipped (2 in a row), step 3's make 4 > K=3, so the run saves and stops, the weights never touched."""
-    import grpo
-    real, calls = grpo.update, []
-
-    def poisoned(model, optimizer, scheduler, batch, **kw):
-        calls.append(len(batch))
-        if len(calls) >= 2:
-            for t in (batch[0], batch[kw["mini_batch_size"]]):  # one trajectory in each of the two mini-batches
-                vals = list(t.old_logp) if t.old_logp is not None else [0.0] * len(t.input_ids)
-                vals[t.loss_mask.index(1)] = float("nan")
-                t.old_logp = vals
-        return real(model, optimizer, scheduler, batch, **kw)
-
-    monkeypatch.setattr(grpo, "update", poisoned)
+    poison_updates(monkeypatch, lambda n: n >= 2)
     monkeypatch.chdir(ROOT)
     args = train.parse_args(train.Args, SMALL + ["--out-dir", str(tmp_path), "--run-name", "skip", "--steps", "4",
                                                  "--max-nonfinite-skips", "3"])
