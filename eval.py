@@ -574,8 +574,8 @@ def evaluate(args: Args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from train import parse_args  # one dataclass -> argparse helper for every entry script
-    args = parse_args(Args, argv, description="Evaluate a model on AIME24/25, GPQA-Diamond and LiveCodeBench.")
+    import tyro
+    args = tyro.cli(Args, args=argv, description="Evaluate a model on AIME24/25, GPQA-Diamond and LiveCodeBench.")
     if args.faithful:
         args = dataclasses.replace(args, **FAITHFUL)
     try:

@@ -604,5 +604,5 @@ def warm_start(model_name: str, *, tool_format: str = "markdown", seed: int = 0,
 
 
 if __name__ == "__main__":
-    from train import parse_args  # one dataclass -> argparse helper for every entry script
-    run(parse_args(Args, description=(__doc__ or "").strip().splitlines()[0]))
+    import tyro
+    run(tyro.cli(Args, description=(__doc__ or "").strip().splitlines()[0]))

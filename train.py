@@ -30,16 +30,11 @@ as in the paper.
 """
 from __future__ import annotations
 
-import argparse
-import ast
 import dataclasses
-import inspect
 import json
 import os
 import sys
-import textwrap
 import time
-import typing
 from dataclasses import dataclass
 
 
@@ -242,30 +237,6 @@ class Args:
 # --faithful: the official code's (Open-CLEANER, veRL) choices where our defaults differ, in one place
 FAITHFUL = dict(warmup_unit="train", agg="verl-token-mean", math_grader="strict-box", tool_echo=True,
                 repair_json=True, tool_cap_ends=False, last_turn_calls=False, sim_eos=True, max_prompt_tokens=2560)
-
-
-def _field_docs(cls) -> dict[str, str]:
-    """The string literal under each dataclass field: the --help text."""
-    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
-    return {a.target.id: " ".join(b.value.value.split()) for a, b in zip(body, body[1:])
-            if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant)}
-
-
-def parse_args(cls, argv: list[str] | None = None, description: str = ""):
-    """An argparse parser built from a dataclass (train.py, sft.py and eval.py use it): --flag-name VALUE,
-    --flag/--no-flag for bools, `int | None` parsed as int."""
-    p = argparse.ArgumentParser(description=description or (cls.__doc__ or ""),
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    docs, hints = {k: v.replace("%", "%%") for k, v in _field_docs(cls).items()}, typing.get_type_hints(cls)  # argparse %-formats help
-    for f in dataclasses.fields(cls):
-        flags = ["--" + f.name.replace("_", "-")] + (["--" + f.name] if "_" in f.name else [])  # both spellings
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        if hints[f.name] is bool:
-            p.add_argument(*flags, action=argparse.BooleanOptionalAction, default=default, help=docs.get(f.name, " "))
-        else:
-            inner = [a for a in typing.get_args(hints[f.name]) if a is not type(None)]
-            p.add_argument(*flags, type=inner[0] if inner else hints[f.name], default=default, help=docs.get(f.name, " "))
-    return cls(**vars(p.parse_args(argv)))
 
 
 SUMMED = {"loss", "dropped_groups", "saar_shallow", "saar_deep", "saar_given_up", "saar_answered", "saar_regen_tokens"}  # per-rank sums
@@ -861,4 +832,5 @@ def _save_hf(path: str, model, tokenizer, master: bool):
 
 
 if __name__ == "__main__":
-    main(parse_args(Args, description="GRPO + SAAR training (CLEANER)."))
+    import tyro  # --flag-name VALUE from the dataclass, its field docstrings as the help
+    main(tyro.cli(Args, description="GRPO + SAAR training (CLEANER)."))

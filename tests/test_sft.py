@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+import tyro
 import torch
 
 import rollout
@@ -225,10 +226,17 @@ def test_warm_start_trains_once_saves_a_loadable_model_and_reuses_it(tmp_path):
 
 
 def test_parse_args_from_the_dataclass():
-    a = train.parse_args(sft.Args, ["--epochs", "3", "--no-eval_base", "--tool-format", "hermes", "--lr", "1e-5"])
+    a = tyro.cli(sft.Args, args=["--epochs", "3", "--no-eval_base", "--tool-format", "hermes", "--lr", "1e-5"])
     assert (a.epochs, a.eval_base, a.tool_format, a.lr, a.model) == (3, False, "hermes", 1e-5, "smollm2-135m")
-    docs = train._field_docs(sft.Args)  # every field has its help line
-    assert set(docs) == {f for f in sft.Args.__dataclass_fields__} and all(docs.values())
+    # every field has its help line: the string literal under it, which tyro shows with --help
+    import ast
+    import inspect
+    import textwrap
+    for mod in (sft, train):
+        body = ast.parse(textwrap.dedent(inspect.getsource(mod.Args))).body[0].body
+        docs = {a.target.id for a, b in zip(body, body[1:]) if isinstance(a, ast.AnnAssign) and
+                isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant) and b.value.value.strip()}
+        assert docs == set(mod.Args.__dataclass_fields__), set(mod.Args.__dataclass_fields__) - docs
 
 
 @pytest.mark.parametrize("fmt", ["markdown", "hermes"])
