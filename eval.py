@@ -325,8 +325,8 @@ def generate(args: Args, problems: list[Problem]) -> list[dict]:
     # the rollout's settings, once; test-time SAAR per benchmark below
     roll_cfg = rollout.RolloutConfig(
         tool_format=fmt, max_turns=args.max_turns, max_response_tokens=budget, max_tool_calls=args.max_tool_calls,
-        cap_ends=args.tool_cap_ends, last_turn_calls=args.last_turn_calls, tool_output_chars=256, echo=args.tool_echo, repair_json=args.repair_json,
-        temperature=args.temperature, top_p=args.top_p, saar_p=1.0, eos_ids=(tok.eos_token_id,))
+        cap_ends=args.tool_cap_ends, last_turn_calls=args.last_turn_calls, tool_output_chars=256, echo=args.tool_echo,
+        repair_json=args.repair_json, temperature=args.temperature, top_p=args.top_p, saar_p=1.0, eos_ids=(tok.eos_token_id,))
     saar_cfg = saar.SaarConfig(gamma=args.gamma, max_retries=args.max_retries, sim_on=args.sim_on, sim_eos=args.sim_eos)
     records = []
     loop = asyncio.new_event_loop()

@@ -35,8 +35,6 @@ import math
 from dataclasses import dataclass, field
 
 
-
-
 # --------------------------------------------------------------------------- pure parts
 
 def similarity(old: str, new: str) -> float:

@@ -96,6 +96,7 @@ import select
 import shutil
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -930,7 +931,7 @@ def _rmtree(path: str) -> None:
                 st = os.stat(name, dir_fd=fd, follow_symlinks=False)
             except OSError:
                 continue
-            if not (st.st_mode & 0o170000 == 0o040000):  # not a directory: unlink it
+            if not stat.S_ISDIR(st.st_mode):  # not a directory: unlink it
                 try:
                     os.unlink(name, dir_fd=fd)
                 except OSError:

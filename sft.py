@@ -264,7 +264,7 @@ def synth_conversations(n: int, seed: int, tool_format: str, fix_fraction: float
     convs = synth.make_sft_conversations(n, seed, tool_format=tool_format,
                                          prompt_fn=lambda p: rollout.make_prompt(p, "math", tool_format))
     rng = random.Random(f"sft-fix:{seed}")
-    broken = [c for c in convs if rng.random() < fix_fraction]
+    broken = {c["id"] for c in convs if rng.random() < fix_fraction}
     sandbox = None
     try:
         for c in convs:
@@ -273,7 +273,7 @@ def synth_conversations(n: int, seed: int, tool_format: str, fix_fraction: float
             code = rollout.parse_call(call, tool_format).code
             # synth strips the trailing newline; the sandbox shows raw stdout, so RL sees "42\n"
             msgs[2] = {"role": "tool", "content": synth.run_trusted(code)}
-            if c not in broken:
+            if c["id"] not in broken:
                 continue
             if _replace_code(call, code, code, tool_format) != call:
                 raise AssertionError(f"{c['id']}: synth's call turn is no longer plan + blank line + call")

@@ -786,9 +786,9 @@ def _full_state(model) -> dict:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
 
 
-def _save_checkpoint(path: str, model, optimizer, scheduler, scaler, step: int, master: bool, data_pos: int | None):
-    """Model, optimizer, scheduler, loss scaler, step, data position (None: the step's own, step x prompts_per_step)
-    and every RNG state; temp file then rename."""
+def _save_checkpoint(path: str, model, optimizer, scheduler, scaler, step: int, master: bool, data_pos: int):
+    """Model, optimizer, scheduler, loss scaler, step, data position (groups drawn so far) and every RNG state;
+    temp file then rename."""
     import random
 
     import numpy as np

@@ -7,7 +7,7 @@ what train.py wrote: metrics.jsonl (one line per step, step 0 is the held-out ba
 
 Writes one PNG per figure into --out and prints a markdown table of final figures (mean +- std over seeds).
 With two arms, it also pairs them seed by seed on the same held-out problems (the runs' last eval_step*.jsonl):
-the accuracy difference of the second arm's policy minus the first's, with its paired 95% CI.
+the accuracy of the first arm's policy minus the second's, with its paired 95% CI.
 """
 from __future__ import annotations
 
@@ -131,8 +131,10 @@ def paired_arms(runs_by_arm: dict[str, list[str]]) -> list[str]:
     lines, diffs = [], defaultdict(list)
     for ra in runs_a:
         rb = next((r for r in runs_b if seed_of(r) is not None and seed_of(r) == seed_of(ra)), None)
-        ends = [sorted(f for f in os.listdir(r) if re.fullmatch(r"eval_step\d+\.jsonl", f)) for r in (ra, rb or ra)]
-        if rb is None or not all(ends):
+        if rb is None:
+            continue
+        ends = [sorted(f for f in os.listdir(r) if re.fullmatch(r"eval_step\d+\.jsonl", f)) for r in (ra, rb)]
+        if not all(ends):
             continue
         recs = [[json.loads(x) for x in open(os.path.join(r, e[-1]))] for r, e in ((ra, ends[0]), (rb, ends[1]))]
         for key in dict.fromkeys(r["eval"] for r in recs[0]):
