@@ -35,7 +35,14 @@ directory of its release `test*.jsonl` files, kept to a contest-date window (v6 
 Departures: the official code reads preformatted parquet files (Open-AgentRL-Eval) and grades math
 with verl's math_dapo string normaliser; we read the public sources and grade with math-verify (see
 reward.py). The response budget defaults to the paper's 20480 tokens on a GPU but 1024 on the CPU
-(`--max-new-tokens` sets it; scripts/eval_*.sh pass 20480).
+(`--max-new-tokens` sets it; scripts/eval_*.sh pass 20480). LiveCodeBench is graded by our strict grader
+unless `--lcb-grader official` (set by --faithful, so by scripts/eval_*.sh) asks for LiveCodeBench's own
+harness rules (reward.py lists them).
+
+Answers out of reach: the sandboxes that run the model's tool calls and grade its code hide this run's
+data folders (data_folders: the LiveCodeBench dir, the GPQA file's folder, the data dir, the responses
+files' folders) besides the checkout and ../shared/data; that takes bwrap. Without bwrap they stay
+readable to the code, answers included (sandbox.py says what each layer covers).
 """
 
 from __future__ import annotations
@@ -105,6 +112,8 @@ class Args:
     """a call in the last allowed turn runs; --no-last-turn-calls: the trajectory ends there (the official code)"""
     tool_echo: bool = False
     """a call also prints the repr of its final bare expression when not None (the official tool)"""
+    tool_header: bool = False
+    """tool output headed by a success or failure line, its streams labelled (the official tool's layout)"""
     repair_json: bool = False
     """parse hermes calls with json_repair, as the official parser does"""
     tool_timeout_s: float = 4.0
@@ -145,11 +154,15 @@ class Args:
     """per-test time limit for code (LiveCodeBench's default)"""
     grade_workers: int = 4
     """responses graded in parallel (code runs in the sandbox)"""
+    lcb_grader: str = "strict"
+    """LiveCodeBench grading: strict (ours: each test in a fresh process) or official (LiveCodeBench's harness:
+    its code extraction, exits, stdin and comparisons; reward.py)"""
 
 
 SAAR_MODES = ("paper", "on", "off", "both")
 # --faithful: the official code's rollout choices where our defaults differ (train.py has its own, with the update's)
-FAITHFUL = dict(tool_echo=True, repair_json=True, tool_cap_ends=False, last_turn_calls=False, sim_eos=True)
+FAITHFUL = dict(tool_echo=True, tool_header=True, repair_json=True, tool_cap_ends=False, last_turn_calls=False,
+                sim_eos=True, lcb_grader="official")
 
 
 class EvalError(ValueError):
@@ -294,10 +307,11 @@ def saar_settings(args: Args, benchmark: str) -> list[bool]:
 
 
 def generate(args: Args, problems: list[Problem]) -> list[dict]:
-    """Sample samples_per_problem(args, benchmark) trajectories per problem with the training rollout;
-    return one record per sample with benchmark, problem_id, sample_idx, response, num_tool_calls,
-    num_tool_errors, saar, meta (the grader adds pred, gold, correct)."""
+    """Sample samples_per_problem(args, benchmark) trajectories per problem with the training rollout and grade
+    them (rollout.rollout_and_grade, grade_record); return one record per sample with benchmark, problem_id,
+    sample_idx, response, pred, gold, correct, num_tool_calls, num_tool_errors, saar, meta."""
     import asyncio
+    import contextlib
 
     import torch
 
@@ -326,26 +340,33 @@ def generate(args: Args, problems: list[Problem]) -> list[dict]:
     roll_cfg = rollout.RolloutConfig(
         tool_format=fmt, max_turns=args.max_turns, max_response_tokens=budget, max_tool_calls=args.max_tool_calls,
         cap_ends=args.tool_cap_ends, last_turn_calls=args.last_turn_calls, tool_output_chars=256, echo=args.tool_echo,
-        repair_json=args.repair_json, temperature=args.temperature, top_p=args.top_p, saar_p=1.0, eos_ids=(tok.eos_token_id,))
+        tool_header=args.tool_header, repair_json=args.repair_json, temperature=args.temperature, top_p=args.top_p,
+        saar_p=1.0, eos_ids=(tok.eos_token_id,))
     saar_cfg = saar.SaarConfig(gamma=args.gamma, max_retries=args.max_retries, sim_on=args.sim_on, sim_eos=args.sim_eos)
     records = []
     loop = asyncio.new_event_loop()
-    with Sandbox(slots=args.grade_workers, timeout_s=args.tool_timeout_s) as sb:
+    code = any(BENCHMARKS[p.meta["benchmark"]].task == "code" for p in problems)
+    with Sandbox(slots=args.grade_workers, timeout_s=args.tool_timeout_s, hide=data_folders(args)) as sb, \
+            (judge_sandbox(args) if code else contextlib.nullcontext()) as judge:
         for bench in dict.fromkeys(p.meta["benchmark"] for p in problems):
             mine = [p for p in problems if p.meta["benchmark"] == bench]
             n = samples_per_problem(args, bench)
-            jobs = [(p, i) for p in mine for i in range(n)]
-            ids = {p.id: rollout.prompt_ids(tok, p.problem, p.task, fmt, templates=templates) for p in mine}
             for use_saar in saar_settings(args, bench):
-                trajs = loop.run_until_complete(rollout.rollout_batch(
-                    eng, sb, tok, [ids[p.id] for p, _ in jobs], roll_cfg, saar_cfg=saar_cfg if use_saar else None,
-                    seeds=[args.seed * 1_000_003 + k for k in range(len(jobs))], progress=True))
-                for (p, i), tr in zip(jobs, trajs):
-                    records.append(dict(benchmark=bench, problem_id=p.id, sample_idx=i,
-                                        response=tr.final_text(tok), num_tool_calls=tr.num_tool_calls,
-                                        num_tool_errors=tr.num_tool_errors, saar=use_saar,
-                                        meta=dict(finish_reason=tr.finish_reason, response_tokens=len(tr.response_ids),
-                                                  truncated=tr.truncated, saar_events=len(tr.saar_events))))
+                def graded(p: Problem, tr) -> dict:  # one sample's record, graded as --score grades it
+                    rec = dict(benchmark=bench, problem_id=p.id, sample_idx=tr.meta["sample_idx"],
+                               response=tr.final_text(tok), num_tool_calls=tr.num_tool_calls,
+                               num_tool_errors=tr.num_tool_errors, saar=use_saar,
+                               meta=dict(finish_reason=tr.finish_reason, response_tokens=len(tr.response_ids),
+                                         truncated=tr.truncated, saar_events=len(tr.saar_events)))
+                    if BENCHMARKS[bench].task != "code":
+                        rec["gold"] = p.answer
+                    return grade_record(rec, p, judge, args.code_timeout_s, args.lcb_grader)
+                _, recs = loop.run_until_complete(rollout.rollout_and_grade(
+                    eng, sb, tok, mine, dataclasses.replace(roll_cfg, saar_cfg=saar_cfg if use_saar else None),
+                    grade=graded, n=n, seeds=[args.seed * 1_000_003 + k for k in range(len(mine) * n)],
+                    metas=[dict(sample_idx=i) for _ in mine for i in range(n)], templates=templates,
+                    grade_workers=args.grade_workers, progress=True))
+                records += recs
     loop.close()
     eng.shutdown()
     return records
@@ -355,7 +376,8 @@ def generate(args: Args, problems: list[Problem]) -> list[dict]:
 # Grading and scoring
 # ---------------------------------------------------------------------------------------------------
 
-def grade_record(rec: dict, problem: Problem | None, sandbox=None, code_timeout_s: float = 6.0) -> dict:
+def grade_record(rec: dict, problem: Problem | None, sandbox=None, code_timeout_s: float = 6.0,
+                 lcb_grader: str = "strict") -> dict:
     """Fill in pred, gold and correct of one record (in place; also returned)."""
     task = BENCHMARKS[rec["benchmark"]].task
     if task == "math":
@@ -366,9 +388,27 @@ def grade_record(rec: dict, problem: Problem | None, sandbox=None, code_timeout_
         rec["correct"] = reward.grade_gpqa(rec["response"], rec["gold"])
     else:
         rec["gold"] = None
-        rec["pred"] = reward.extract_code(rec["response"])
-        rec["correct"] = reward.grade_code(rec["response"], problem.tests, sandbox=sandbox, per_test_s=code_timeout_s)
+        official = lcb_grader == "official"  # the code the chosen grader runs
+        rec["pred"] = (reward.extract_code_lcb(rec["response"]) or None) if official else reward.extract_code(rec["response"])
+        rec["correct"] = reward.grade_code(rec["response"], problem.tests, sandbox=sandbox, per_test_s=code_timeout_s,
+                                           lcb_grader=lcb_grader)
     return rec
+
+
+def data_folders(args: Args) -> tuple[str, ...]:
+    """The folders that hold this run's problems and answers (LiveCodeBench dir, the GPQA file's folder, the
+    AIME data dir, the responses files'): every sandbox here hides them from the code it runs (with bwrap;
+    sandbox.py hides the checkout and ../shared/data itself). Without bwrap they stay readable."""
+    paths = [args.lcb_dir, args.data_dir] + [str(Path(f).resolve().parent) for f in (args.gpqa_path, args.score, args.out) if f]
+    return tuple(dict.fromkeys(str(Path(p).resolve()) for p in paths if p))
+
+
+def judge_sandbox(args: Args):
+    """The sandbox that runs code answers against their tests (generate and --score)."""
+    from sandbox import Sandbox
+    # LiveCodeBench's harness allows 4 GB; expected outputs run to megabytes and must not be cut
+    return Sandbox(slots=max(1, args.grade_workers), timeout_s=args.code_timeout_s, memory_mb=4096,
+                   max_output_bytes=64 << 20, hide=data_folders(args))
 
 
 def grade_records(records: list[dict], problems: dict[tuple[str, str], Problem], args: Args) -> list[dict]:
@@ -382,12 +422,9 @@ def grade_records(records: list[dict], problems: dict[tuple[str, str], Problem],
     with ThreadPoolExecutor(workers) as pool:  # math-verify runs in reward.py's worker processes
         list(pool.map(lambda r: grade_record(r, None), [r for r in records if BENCHMARKS[r["benchmark"]].task != "code"]))
     if code:
-        from sandbox import Sandbox
-        # LiveCodeBench's harness allows 4 GB; expected outputs run to megabytes and must not be cut
-        with Sandbox(slots=workers, timeout_s=args.code_timeout_s, memory_mb=4096,
-                     max_output_bytes=64 << 20) as sb, ThreadPoolExecutor(workers) as pool:
+        with judge_sandbox(args) as sb, ThreadPoolExecutor(workers) as pool:
             list(pool.map(lambda r: grade_record(r, problems[(r["benchmark"], r["problem_id"])], sb,
-                                                 args.code_timeout_s), code))
+                                                 args.code_timeout_s, args.lcb_grader), code))
     return records
 
 
@@ -560,11 +597,10 @@ def score(args: Args) -> dict:
 
 
 def evaluate(args: Args) -> dict:
-    """Load benchmarks, generate, grade, write the JSONL, print the tables."""
+    """Load benchmarks, roll out and grade (generate), write the JSONL, print the tables."""
     names = parse_benchmarks(args.benchmarks)
     problems = [p for name in names for p in load_benchmark(name, args)]  # every input error before the model loads
-    records = generate(args, problems)
-    grade_records(records, {(p.meta["benchmark"], p.id): p for p in problems}, args)
+    records = generate(args, problems)  # rolled out and graded
     out = Path(args.out or REPO_ROOT / "out" / "eval" / (re.sub(r"[^\w.-]+", "_", args.model) + ".jsonl"))
     write_records(records, out)
     summary = summarize(records)
@@ -578,6 +614,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = tyro.cli(Args, args=argv, description="Evaluate a model on AIME24/25, GPQA-Diamond and LiveCodeBench.")
     if args.faithful:
         args = dataclasses.replace(args, **FAITHFUL)
+    if args.lcb_grader not in reward.LCB_GRADERS:
+        raise SystemExit(f"eval.py: --lcb-grader must be one of {', '.join(reward.LCB_GRADERS)}, got {args.lcb_grader!r}")
     try:
         return score(args) if args.score else evaluate(args)
     except EvalError as e:

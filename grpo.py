@@ -17,7 +17,7 @@ The semantics follow veRL's `verl/trainer/ppo/core_algos.py` (`compute_grpo_outc
   give the gradient of one process on the whole mini-batch (veRL scales by micro/mini sizes).
 - The LR warmup starts at lr/warmup_steps rather than 0.
 
-Data layout. `update` and `compute_old_logprobs` take a batch: a list of `Trajectory`:
+Data layout. `update` and `compute_old_logprobs` take a batch: a list of `TrainSeq`:
     input_ids  list[int]   prompt + response (the final, purified tokens), length L
     loss_mask  list[int]   1 on tokens the policy sampled, 0 on prompt and tool-output tokens
     advantage  float       the trajectory's advantage (from `compute_advantages`)
@@ -91,7 +91,11 @@ class NonFiniteLossError(RuntimeError):
 
 
 @dataclass
-class Trajectory:
+class TrainSeq:
+    """One sequence of the update, built from a rollout.Trajectory: prompt and response joined into one token
+    list, with every per-token field over the whole of it (the layout above). A rollout.Trajectory keeps its
+    prompt apart and its loss_mask and logprobs cover the response only; here the prompt's positions are in
+    the mask, as 0s (train.py prepends them)."""
     input_ids: list[int]
     loss_mask: list[int]
     advantage: float = 0.0
@@ -396,7 +400,7 @@ class MicroBatch:
     n_slots: int  # R * L, real tokens + padding
 
 
-def _field(t: Trajectory, name: str, i: int) -> torch.Tensor | None:
+def _field(t: TrainSeq, name: str, i: int) -> torch.Tensor | None:
     v = getattr(t, name)
     if v is None:
         return None
@@ -406,7 +410,7 @@ def _field(t: Trajectory, name: str, i: int) -> torch.Tensor | None:
     return v
 
 
-def collate(trajs: Sequence[Trajectory], *, packed: bool = True, device: torch.device | str = "cpu",
+def collate(trajs: Sequence[TrainSeq], *, packed: bool = True, device: torch.device | str = "cpu",
             pad_id: int = 0) -> MicroBatch:
     """Build one micro-batch: a single packed (1, N) row, or right-padded (R, L) rows."""
     cols: dict[str, list[torch.Tensor]] = {k: [] for k in ("ids", "pos", "seq", "mask", "old", "known", "adv", "isw",
@@ -447,7 +451,7 @@ def collate(trajs: Sequence[Trajectory], *, packed: bool = True, device: torch.d
         lengths=lengths, n_slots=out["ids"].numel())
 
 
-def check_batch(batch: Sequence[Trajectory], *, need_old: bool = True, need_ref: bool = False) -> None:
+def check_batch(batch: Sequence[TrainSeq], *, need_old: bool = True, need_ref: bool = False) -> None:
     """Raise ValueError naming the trajectory and field of the first malformed entry."""
     for i, t in enumerate(batch):
         n = len(t.input_ids)
@@ -474,7 +478,7 @@ def _device(model: torch.nn.Module) -> torch.device:
 
 
 @torch.no_grad()
-def compute_old_logprobs(model: torch.nn.Module, batch: Sequence[Trajectory], *, max_tokens_per_micro: int,
+def compute_old_logprobs(model: torch.nn.Module, batch: Sequence[TrainSeq], *, max_tokens_per_micro: int,
                          chunk_size: int = 1024, temperature: float = 1.0) -> list[torch.Tensor]:
     """Log-probs of each trajectory's tokens (list of (L_i,) float32 CPU tensors), no grad.
 
@@ -521,7 +525,7 @@ def make_optimizer(model: torch.nn.Module, *, lr: float = 2e-6, weight_decay: fl
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, warmup_lambda(warmup_steps, from_zero))
 
 
-def loss_normaliser(mini_batch: Sequence[Trajectory], agg: str, device: torch.device | str = "cpu") -> float:
+def loss_normaliser(mini_batch: Sequence[TrainSeq], agg: str, device: torch.device | str = "cpu") -> float:
     """The mini-batch's global count, summed over ranks: loss tokens (token-mean) or trajectories."""
     local = sum(sum(t.loss_mask) for t in mini_batch) if agg == "token-mean" else len(mini_batch)  # else: sequences
     return _all_reduce(float(local), "sum", torch.device(device))
@@ -547,6 +551,40 @@ def freeze_below(model: torch.nn.Module, train_layers: int) -> None:
     decoder.norm.requires_grad_(True)
 
 
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def add_lora(model: torch.nn.Module, rank: int, alpha: float, train_layers: int = 0) -> None:
+    """LoRA adapters (the peft library) on every linear layer of the top `train_layers` decoder layers (0: all
+    layers); only the adapters train. A departure from the paper, which trains all weights: the frozen weights
+    get no weight gradient (about a third fewer FLOPs per trained token) and the optimizer keeps state for the
+    adapters alone. The adapters start at zero (B = 0), so the policy starts as the warm start. They are
+    injected in place: the model keeps its class and its forward, so the engine and the update use it as is;
+    `merge_lora` gives plain weights for an engine copy or a saved folder."""
+    from peft import LoraConfig, inject_adapter_in_model
+    n = len(model.get_decoder().layers)
+    layers = list(range(n - train_layers, n)) if 0 < train_layers < n else list(range(n))
+    inject_adapter_in_model(LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, target_modules=list(LORA_TARGETS),
+                                       layers_to_transform=layers), model)
+    for name, p in model.named_parameters():
+        p.requires_grad_(".lora_" in name)
+
+
+def merge_lora(state: dict, scale: float) -> dict:
+    """A LoRA model's state dict (add_lora) as the plain model's: W + scale * B @ A under W's own name, the
+    adapters dropped. scale = alpha / rank. A state without adapters comes back unchanged."""
+    out = {}
+    for key, value in state.items():
+        if ".lora_A." in key or ".lora_B." in key:
+            continue
+        if key.endswith(".base_layer.weight"):
+            prefix = key[:-len(".base_layer.weight")]
+            a, b = state[f"{prefix}.lora_A.default.weight"], state[f"{prefix}.lora_B.default.weight"]  # (r, in), (out, r)
+            value = (value.float() + scale * (b.float() @ a.float())).to(value.dtype)
+        out[key.replace(".base_layer.", ".")] = value
+    return out
+
+
 def _set_checkpointing(model: torch.nn.Module, on: bool) -> None:
     # transformers 5.x renamed gradient_checkpointing_* to activation_checkpointing_*.
     if hasattr(model, "activation_checkpointing_enable"):
@@ -562,7 +600,7 @@ def _set_checkpointing(model: torch.nn.Module, on: bool) -> None:
             model.gradient_checkpointing_disable()
 
 
-def update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, batch: Sequence[Trajectory], *,
+def update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, batch: Sequence[TrainSeq], *,
            mini_batch_size: int, max_tokens_per_micro: int, grad_clip: float | None = 1.0,
            agg: str = "token-mean", max_len: int | None = None, clip_low: float = 0.2, clip_high: float = 0.28,
            dual_clip_c: float | None = 10.0, kl_coef: float = 0.0, kl_type: str = "low_var_kl",

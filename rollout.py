@@ -3,7 +3,10 @@
 A trajectory is one growing list of token ids. The model's tokens are appended exactly as sampled
 (loss mask 1, with the engine's log-probs); tool responses and turn scaffolding are tokenized once,
 on their own, and appended with loss mask 0. The conversation is never re-templated. Each trajectory
-is an asyncio task, so the sandbox runs one trajectory's code while the engine generates for others.
+is an asyncio task, so the sandbox runs one trajectory's code while the engine generates for others. A
+trajectory's tool environment (ToolEnv) generates its turns, runs its calls and builds the tool turns; SAAR
+(saar.py) works through it. `rollout_and_grade` rolls out n samples of each of a list of problems and grades
+them: train.py (training and held-out eval), eval.py and sft.py's check all go through it.
 
 Tool-call formats (`tool_format`):
   hermes    Qwen3 and the paper: <tool_call>{"name": "code_interpreter", "arguments": {"code": ...}}</tool_call>,
@@ -20,8 +23,9 @@ Departures from the official veRL loop, and why:
   * the "\\n" after <|im_end|> is kept, as the chat template writes it (veRL's slicing drops it).
   * a malformed call (bad JSON, no code, unterminated block) is a tool error the model sees, and SAAR
     can roll it back; the official code treats unparseable JSON as a final answer.
-  * tool output is stdout plus a compact traceback from sandbox.py; the official tool prints a
-    "Tool call success"/"Tool call failure" header instead. Both are cut to 256 characters in the middle.
+  * tool output is stdout plus a compact traceback (tool_text, from the sandbox's facts); the official tool
+    heads it with a success/failure line and labels the streams (`tool_header` gives that layout). Both are
+    cut to 256 characters in the middle.
 """
 from __future__ import annotations
 
@@ -30,6 +34,9 @@ import dataclasses
 import json
 import random
 import re
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from engine import SamplingParams
@@ -53,11 +60,140 @@ PROMPTS = {
     "gpqa": ("Answer the following multiple-choice question step by step.\n\n{problem}\n\n"
              "{tool}Use it for exact calculation. Give the letter of the final answer as \\boxed{{X}}."),
 }
-# What the model reads after a tool call, besides the result itself (built by Runner.feedback and
-# Runner.give_up_note; the sandbox's ExecResult.text and parse_call's messages are the result)
+# What the model reads after a tool call: the result (tool_text, from the sandbox's facts or parse_call's
+# message, cut by truncate_middle), then, from SAAR, the fix instruction (ToolEnv.feedback) or the give-up note
 FIX_INSTRUCTION = "\nThe tool call above failed. Fix the error and call the tool again."
-GIVE_UP_NOTE = ("\n\nNote: this approach has failed {n} times in a row. "
-                "Consider a different algorithm, method or approach.")
+# {n}: how often SAAR regenerated the turn before giving up (its retries, as the official note counts them)
+GIVE_UP_NOTE = ("\n\nNote: this approach was retried {n} times, failing with the same kind of error each time. "
+                "Try another algorithm, method or approach instead.")
+# --tool-header: the official tool's layout, a first line saying whether the call worked, the failure's reason
+# as its code server names it ("" for an ordinary error), then the streams, each labelled
+TOOL_HEADER = {True: "Tool call success", False: "Tool call failure"}
+TOOL_REASON = {"timeout": "worker_timeout", "sandbox_internal": "internal_error"}
+NO_OUTPUT = "[no output]"
+# A session cell whose state was lost says why (sandbox.STATE_LOSSES), in brackets after the error
+STATE_LOST = {
+    "holder_died": "the session's process had died and its state was lost; this cell ran in an empty namespace",
+    "holder_hung": "the session's process stopped responding; its state was lost and the next cell starts from an "
+                   "empty namespace",
+    "holder_killed": "the cell killed the session's process; its state was lost and the next cell starts from an "
+                     "empty namespace",
+    "worker_died": "the session state was lost; the next cell starts from an empty namespace",
+    "restarted": "the sandbox restarted and the session state was lost; this cell ran in an empty namespace",
+}
+TRACEBACK_LINES = 17  # a longer traceback keeps its first 7 lines and its last 9, and says how many it left out
+EXCEPTION_CHARS = 2000  # a longer exception text keeps its first and last 1000 characters
+
+
+def tool_text(r, error_format: str = "full", header: bool = False) -> str:
+    """Every string the model reads from one tool call, before it is cut (truncate_middle): from the facts of
+    a sandbox.ExecResult, or a malformed call's message (a str, from parse_call).
+    The output, then stderr and the error: the compact traceback (full), or its last line (last_line; the
+    sandbox's one-line errors are the same either way). header: the official tool's layout (headed_text)."""
+    if isinstance(r, str):  # a malformed call: the message is the error
+        return headed_text(False, "malformed", "", r) if header else r
+    error = _join(r.stderr, _error_text(r, last_line=error_format == "last_line"))
+    text = headed_text(r.ok, r.error_kind, r.stdout, error) if header else _join(r.stdout, error)
+    return text if text.strip() else NO_OUTPUT
+
+
+def _error_text(r, last_line: bool) -> str:
+    """The error of a result ("" for a success): by kind, with the note of a lost session state."""
+    kind = r.error_kind
+    if kind == "exception":
+        text = _traceback_text(r)
+    elif kind == "syntax":  # Python's own text: where, the line with a caret, the message
+        text = r.exception_text or r.exception_type or "Exception"
+        if r.exception_cut:
+            half = len(text) // 2
+            text = f"{text[:half]}\n... [{r.exception_cut} chars cut] ...\n{text[half:]}"
+    elif kind == "memory":
+        where = f" at line {r.line}" if r.line else ""
+        text = f"MemoryError: {r.message[:300] or 'out of memory'}{where} (the memory limit is {r.memory_mb} MB)"
+    elif kind == "timeout":
+        text = f"TimeoutError: the code ran longer than the {r.timeout_s:g} s time limit and was stopped"
+    elif kind == "output_limit":
+        text = f"OutputLimitError: the code printed more than {r.flood_bytes:,} bytes and was stopped"
+    elif kind == "crash":
+        if r.signal is not None:
+            what = f"the process was killed by signal {_signal_name(r.signal)}"
+        elif r.exit_status is not None:
+            what = f"the process exited with status {r.exit_status} before the code finished"
+        elif r.sandbox_killed:
+            what = "the code killed the sandbox process running it"
+        else:
+            what = "the process died before the code finished"
+        text = f"Crash: {what}"
+    elif kind == "sandbox_internal":
+        text = f"SandboxError: the sandbox itself failed, not the code ({r.detail or 'internal error'})"
+    else:
+        text = ""
+    if last_line and text:
+        text = text.splitlines()[-1]
+    if r.state_lost:
+        text = f"{text}\n[{STATE_LOST.get(r.state_lost, r.state_lost)}]".lstrip("\n")
+    return text
+
+
+def _traceback_text(r) -> str:
+    """The compact traceback: the frames of the code and the innermost library frame (all the sandbox reports),
+    a run of repeats as one frame and a note, at most TRACEBACK_LINES lines, then the exception."""
+    lines = []
+    for f in r.frames:
+        lines.append(f'  File "{f.filename}", line {f.lineno}, in {f.name}')
+        if f.line:
+            lines.append(f"    {f.line}")
+        if f.repeats:
+            lines.append(f"  [Previous line repeated {f.repeats} more times]")
+    if lines:
+        lines.insert(0, "Traceback (most recent call last):")
+    n_lines = len(lines) + 2 * r.frames_omitted  # a frame the sandbox left out counts as two (itself, its source)
+    if n_lines > TRACEBACK_LINES:
+        lines = lines[:7] + [f"  ... ({n_lines - 16} lines omitted)"] + lines[-9:]
+    exc = r.exception_text or r.exception_type or "Exception"
+    n_chars = len(r.exception_text) + r.exception_cut
+    if n_chars > EXCEPTION_CHARS:
+        exc = exc[:1000] + f" ... [{n_chars - EXCEPTION_CHARS} chars cut] ... " + exc[-1000:]
+    return "\n".join(lines + [exc])
+
+
+def headed_text(ok: bool, error_kind: str, stdout: str, error: str) -> str:
+    """A tool result laid out as the official tool lays it out (--tool-header): "Tool call success", or "Tool
+    call failure" and "reason: ...", then "stdout: ..." and "stderr: ..." for the parts that are not empty.
+    stdout: what the code printed; error: its stderr and the error (tool_text), or why a call is malformed (the
+    official executor prints errors to stderr)."""
+    lines = [TOOL_HEADER[ok]] + ([] if ok else ["reason: " + TOOL_REASON.get(error_kind, "")])
+    lines += [f"{name}: {part}" for name, part in (("stdout", stdout), ("stderr", error)) if part]
+    return "\n".join(lines)
+
+
+def _signal_name(sig: int) -> str:
+    """"SIGKILL (killed)"; real-time and unknown signals too (signal.Signals(40) raises)."""
+    try:
+        name = signal.Signals(sig).name
+    except ValueError:
+        name = f"signal {sig}"
+    what = signal.strsignal(sig)
+    return f"{name} ({what.lower()})" if what else name
+
+
+def _join(*parts: str) -> str:
+    """The parts that are not empty, each on a line of its own."""
+    out = ""
+    for p in parts:
+        if p:
+            out += ("" if not out or out.endswith("\n") else "\n") + p
+    return out
+
+
+def truncate_middle(text: str, limit: int = 256) -> str:
+    """Cut a tool output to `limit` characters, keeping head and tail (the paper's 256, middle side)."""
+    if limit <= 0 or len(text) <= limit:
+        return text
+    half = limit // 2
+    return text[:half] + "...(truncated)..." + text[-half:]
+
+
 TOOL_SENTENCE = {
     "hermes": "You can run Python with the code_interpreter tool. ",
     "markdown": "You can run Python: write code in a ```python block and its output will be shown to you. ",
@@ -67,8 +203,9 @@ TOOL_SENTENCE = {
 
 def load_prompt_template(path: str) -> dict:
     """A prompt template file (--prompt-template): JSON {"math": ..., "code": ..., "gpqa": ..., "system": ...}, each
-    optional; a task's template holds {problem} and may hold {tool} (the tool sentence). For users who want
-    other wording, e.g. the official prompts, which the project does not carry."""
+    optional; a task's template holds {problem}, and may hold {tool} (the tool sentence) and {name} for a text
+    field of the problem's meta (e.g. {domain}, GPQA's). For users who want other wording, e.g. the official
+    prompts, which the project does not carry (`data/download.py --templates` writes them)."""
     try:
         with open(path, encoding="utf-8") as f:
             t = json.load(f)
@@ -87,21 +224,27 @@ def load_prompt_template(path: str) -> dict:
     return t
 
 
-def make_prompt(problem: str, task: str = "math", tool_format: str = "hermes", templates: dict | None = None) -> str:
+def make_prompt(problem: str, task: str = "math", tool_format: str = "hermes", templates: dict | None = None,
+                meta: dict | None = None) -> str:
     if task not in PROMPTS:
         raise ValueError(f"unknown task {task!r}; expected one of {sorted(PROMPTS)}")
     if templates and task in templates:  # a user's file: plain placeholders, other braces as written (\\boxed{})
-        return templates[task].replace("{problem}", problem.strip()).replace("{tool}", TOOL_SENTENCE[tool_format])
+        text = templates[task]
+        for name, value in (meta or {}).items():  # e.g. {domain}
+            if isinstance(value, str) and name not in ("problem", "tool"):
+                text = text.replace("{" + name + "}", value)
+        return text.replace("{problem}", problem.strip()).replace("{tool}", TOOL_SENTENCE[tool_format])
     return PROMPTS[task].format(problem=problem.strip(), tool=TOOL_SENTENCE[tool_format])
 
 
 def prompt_ids(tokenizer, problem: str, task: str = "math", tool_format: str = "hermes",
-               system: str | None = None, templates: dict | None = None) -> list[int]:
+               system: str | None = None, templates: dict | None = None, meta: dict | None = None) -> list[int]:
     """Template the first user turn once; everything after it is appended token by token. templates: from
-    load_prompt_template (its "system" is used when no system is given)."""
+    load_prompt_template (its "system" is used when no system is given); meta: the problem's, for a template's
+    {name} fields."""
     system = system or (templates or {}).get("system")
     msgs = ([{"role": "system", "content": system}] if system else []) + \
-           [{"role": "user", "content": make_prompt(problem, task, tool_format, templates)}]
+           [{"role": "user", "content": make_prompt(problem, task, tool_format, templates, meta)}]
     return list(tokenizer.apply_chat_template(msgs, tools=[TOOL_SCHEMA] if tool_format == "hermes" else None,
                                               add_generation_prompt=True, tokenize=True, return_dict=False))
 
@@ -212,14 +355,6 @@ def tool_turn_text(text: str, tool_format: str, ended: bool) -> str:
     return f"{close}\n<|im_start|>user\n{body}<|im_end|>\n<|im_start|>assistant\n"
 
 
-def truncate_middle(text: str, limit: int = 256) -> str:
-    """Cut a tool output to `limit` characters, keeping head and tail (the paper's 256, middle side)."""
-    if limit <= 0 or len(text) <= limit:
-        return text
-    half = limit // 2
-    return text[:half] + "...(truncated)..." + text[-half:]
-
-
 # --------------------------------------------------------------------------- the trajectory record
 
 @dataclass
@@ -231,9 +366,9 @@ class ToolResult:
     exception_type: str | None = None
 
     @classmethod
-    def from_exec(cls, r, error_format: str = "full"):
-        text = r.short_text if (error_format == "last_line" and not r.ok) else r.text  # stdout + last error line
-        return cls(ok=r.ok, error_kind=r.error_kind, text=text if text.strip() else "[no output]",
+    def from_exec(cls, r, error_format: str = "full", header: bool = False):
+        """From a sandbox.ExecResult; the text is tool_text's."""
+        return cls(ok=r.ok, error_kind=r.error_kind, text=tool_text(r, error_format, header),
                    exception_type=r.exception_type)
 
 
@@ -287,7 +422,7 @@ class Trajectory:
 @dataclass
 class RolloutConfig:
     """Every rollout setting, in one place: an entry script builds it once from its Args, and rollout_one and
-    the per-trajectory Runner take it whole (keyword arguments of rollout_one/rollout_batch override fields)."""
+    the per-trajectory ToolEnv take it whole (keyword arguments of rollout_one/rollout_batch override fields)."""
     tool_format: str = "hermes"            # hermes (Qwen, the paper), markdown (```python blocks) or none
     max_turns: int = 16                    # assistant turns per trajectory (paper: 16)
     max_response_tokens: int = 20480       # response budget, tool tokens included (paper: 20480)
@@ -297,6 +432,7 @@ class RolloutConfig:
     last_turn_calls: bool = True           # a call in the last allowed turn runs (ours); official: the turn ends it
     tool_output_chars: int = 256           # tool output shown to the model, cut in the middle (paper: 256)
     error_format: str = "full"             # model-facing error: full (stdout + compact traceback) or last_line
+    tool_header: bool = False              # tool output laid out as the official tool's (headed_text)
     stateful: bool = False                 # a persistent Python session per trajectory (the paper's is stateless)
     echo: bool = False                     # stateless calls print a final bare expression's repr (official tool)
     repair_json: bool = False              # hermes calls parsed with json_repair (the official parser)
@@ -308,8 +444,10 @@ class RolloutConfig:
     eos_ids: tuple = ()                    # end-of-turn ids (default: the tokenizer's eos)
 
 
-class Runner:
-    """One trajectory's access to the engine, the tool and the tokenizer (what SAAR calls back into)."""
+class ToolEnv:
+    """One trajectory's tool environment: it generates the trajectory's turns (its seeds, its response budget),
+    runs its calls in the sandbox (or its session) against the call cap, and builds the tool turns the model
+    reads. SAAR calls back into it (saar.retry_failed_call's `env`)."""
 
     def __init__(self, engine, sandbox, tokenizer, cfg: RolloutConfig, *, seed: int | None, prompt_len: int):
         self.engine, self.sandbox, self.tokenizer, self.cfg = engine, sandbox, tokenizer, cfg
@@ -353,13 +491,13 @@ class Runner:
         """Run a call; retry=True for SAAR's re-execution of a corrected call."""
         self.calls += 1
         if call.error is not None:
-            r = ToolResult(ok=False, error_kind="malformed", text=call.error)
+            r = ToolResult(ok=False, error_kind="malformed", text=tool_text(call.error, header=self.cfg.tool_header))
         else:
             if self.session is not None:
                 res = await self.session.arun(call.code)
             else:
                 res = await self.sandbox.arun(call.code, echo=self.cfg.echo)
-            r = ToolResult.from_exec(res, self.cfg.error_format)
+            r = ToolResult.from_exec(res, self.cfg.error_format, self.cfg.tool_header)
         self.errors += not r.ok
         if not retry:
             self.first_calls += 1
@@ -377,9 +515,9 @@ class Runner:
         --feedback-instruction an explicit request to fix it."""
         return self.truncate(result.text) + (FIX_INSTRUCTION if instruction else "")
 
-    def give_up_note(self, failed: int) -> str:
-        """Appended to the last error when SAAR gives up after `failed` failed attempts."""
-        return GIVE_UP_NOTE.format(n=failed)
+    def give_up_note(self, retries: int) -> str:
+        """Appended to the last error when SAAR gives up after regenerating the turn `retries` times."""
+        return GIVE_UP_NOTE.format(n=retries)
 
     def tool_turn_ids(self, text: str, ended: bool) -> list[int]:
         return self.tokenizer.encode(tool_turn_text(text, self.tool_format, ended), add_special_tokens=False)
@@ -405,11 +543,11 @@ async def rollout_one(engine, sandbox, tokenizer, prompt: list[int], cfg: Rollou
     state = saar.SaarState(on=traj.saar, events=traj.saar_events)
     if traj.saar and saar_cfg.is_mode == "token":
         traj.is_weight = []
-    run = Runner(engine, sandbox, tokenizer, cfg, seed=seed, prompt_len=len(traj.prompt_ids))
+    env = ToolEnv(engine, sandbox, tokenizer, cfg, seed=seed, prompt_len=len(traj.prompt_ids))
 
     async def handle_turn(start: int, gen_finish: str) -> str | None:
         """Process the assistant turn at response_ids[start:]: None to go on, else a finish reason."""
-        call = run.parse(traj.response_ids[start:])
+        call = env.parse(traj.response_ids[start:])
         budget_hit = len(traj.response_ids) >= max_response_tokens
         if not call.present:
             traj.truncated = budget_hit and gen_finish == "length"
@@ -417,20 +555,20 @@ async def rollout_one(engine, sandbox, tokenizer, prompt: list[int], cfg: Rollou
         if budget_hit:
             traj.truncated = True
             return "length"
-        if not run.can_call() and cfg.cap_ends:
+        if not env.can_call() and cfg.cap_ends:
             return "max_tool_calls"
-        if not cfg.last_turn_calls and run.turn == cfg.max_turns - 1:
+        if not cfg.last_turn_calls and env.turn == cfg.max_turns - 1:
             return "max_turns"  # the official loop stops at the last turn without running its call
-        result = await run.execute(call)
+        result = await env.execute(call)
         note = ""
         if not result.ok and state.on:
-            out = await saar.retry_failed_call(traj, start, result, cfg=saar_cfg, state=state, run=run)
-            if out.next_turn is not None:  # the failed turn stays and a regenerated turn follows it
-                _record(traj, out.failed_start, out.failed_result, run)
+            out = await saar.retry_failed_call(traj, start, result, cfg=saar_cfg, state=state, env=env)
+            if out.continues:  # the failed turn and its error stay, and a regenerated turn follows them
+                _record(traj, start, out.result, env)
                 return await handle_turn(out.next_turn, out.next_finish)
             result, note = out.result, out.note
-        _record(traj, start, result, run)
-        tool = run.tool_turn_ids(run.truncate(result.text) + note, run.ended(traj.response_ids[start:]))
+        _record(traj, start, result, env)
+        tool = env.tool_turn_ids(env.truncate(result.text) + note, env.ended(traj.response_ids[start:]))
         if len(traj.response_ids) + len(tool) >= max_response_tokens:
             traj.truncated = True  # no room left for the result, let alone an answer
             return "length"
@@ -440,11 +578,11 @@ async def rollout_one(engine, sandbox, tokenizer, prompt: list[int], cfg: Rollou
     try:
         finish = "max_turns"
         for turn in range(cfg.max_turns):
-            run.turn = turn
+            env.turn = turn
             if len(traj.response_ids) >= max_response_tokens:
                 traj.truncated, finish = True, "length"
                 break
-            out = await run.generate(traj.prompt_ids + traj.response_ids)
+            out = await env.generate(traj.prompt_ids + traj.response_ids)
             start = len(traj.response_ids)
             traj.extend(out.token_ids, mask=1, logprobs=out.logprobs)
             done = await handle_turn(start, out.finish_reason)
@@ -452,17 +590,17 @@ async def rollout_one(engine, sandbox, tokenizer, prompt: list[int], cfg: Rollou
                 finish = done
                 break
     finally:
-        run.close()
+        env.close()
     traj.finish_reason = finish
-    traj.num_tool_calls, traj.num_tool_errors = run.calls, run.errors
-    traj.num_first_calls, traj.num_first_errors = run.first_calls, run.first_errors
+    traj.num_tool_calls, traj.num_tool_errors = env.calls, env.errors
+    traj.num_first_calls, traj.num_first_errors = env.first_calls, env.first_errors
     traj.text = tokenizer.decode(traj.response_ids, skip_special_tokens=False)
     return traj
 
 
-def _record(traj: Trajectory, start: int, result: ToolResult, run: Runner):
-    traj.turns.append(dict(turn=run.turn, start=start, ok=result.ok, error_kind=result.error_kind,
-                           exception_type=result.exception_type, output=run.truncate(result.text)))
+def _record(traj: Trajectory, start: int, result: ToolResult, env: ToolEnv):
+    traj.turns.append(dict(turn=env.turn, start=start, ok=result.ok, error_kind=result.error_kind,
+                           exception_type=result.exception_type, output=env.truncate(result.text)))
 
 
 async def rollout_batch(engine, sandbox, tokenizer, prompts: list[list[int]], cfg: RolloutConfig | None = None, *,
@@ -484,3 +622,35 @@ async def rollout_batch(engine, sandbox, tokenizer, prompts: list[list[int]], cf
     finally:
         if progress:
             bar.close()
+
+
+async def rollout_and_grade(engine, sandbox, tokenizer, problems: list, cfg: RolloutConfig, *, grade, n: int = 1,
+                            seeds: list[int | None], metas: list[dict] | None = None, templates: dict | None = None,
+                            grade_workers: int = 1, progress: bool = False,
+                            times: dict | None = None) -> tuple[list[Trajectory], list]:
+    """Roll out n samples of each problem and grade each one: the "roll out, then grade" of train.py (a step's
+    rollouts and the held-out eval), eval.py and sft.py's check.
+
+    problems: anything with .problem and .task (data/problems.py's Problem); each is prompted once
+    (prompt_ids, with `templates` and its .meta) and sampled n times, problem-major (problem 0's n samples,
+    then problem 1's).
+    seeds, metas: one per trajectory. grade(problem, trajectory) -> its grade (train: right or wrong; eval.py:
+    the graded record); grading starts when every rollout is done, in grade_workers threads (1: in order,
+    here). times: the seconds of each phase are added to times["rollout"] and times["reward"].
+    Returns (trajectories, grades), in the same order."""
+    t0 = time.perf_counter()
+    prompts = [prompt_ids(tokenizer, p.problem, p.task, cfg.tool_format, templates=templates,
+                          meta=getattr(p, "meta", None)) for p in problems]
+    trajs = await rollout_batch(engine, sandbox, tokenizer, [ids for ids in prompts for _ in range(n)], cfg,
+                                seeds=seeds, metas=metas, progress=progress)
+    t1 = time.perf_counter()
+    each = [p for p in problems for _ in range(n)]  # the problem of each trajectory
+    if grade_workers > 1:
+        with ThreadPoolExecutor(grade_workers) as pool:
+            grades = list(pool.map(grade, each, trajs))
+    else:
+        grades = [grade(p, tr) for p, tr in zip(each, trajs)]
+    if times is not None:
+        times["rollout"] = times.get("rollout", 0.0) + t1 - t0
+        times["reward"] = times.get("reward", 0.0) + time.perf_counter() - t1
+    return trajs, grades

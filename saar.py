@@ -120,59 +120,70 @@ class SaarState:
 
 @dataclass
 class Outcome:
-    """What `retry_failed_call` left behind.
+    """What `retry_failed_call` left behind; `mode` says which of two layouts the trajectory now has.
 
-    Either the turn at the failed position now holds a call whose final `result` is given (with a
-    give-up `note` when SAAR gave up), or the failed turn and its error stayed and a regenerated turn
-    starts at `next_turn`, to be processed as an ordinary turn.
+      "fixed"     a replacement's call ran and succeeded: the turn at the failed position holds it, and
+                  `result` is its result, to append as the tool turn.
+      "given_up"  retries, the call cap or the response budget ran out: the last failed attempt stays at the
+                  failed position; `result` is its error, `note` the give-up note to append after it ("" when
+                  there is none). SAAR is off for the rest of the trajectory.
+      "answered"  the regenerated turn has no call: the failed turn and its error stay, `result` being that
+                  error, and the regenerated turn follows them from `next_turn` (its generation ended with
+                  `next_finish`), to be processed as an ordinary turn. SAAR is off.
+      "gated"     (is_mode "gate") the replacement was refused: the same layout as "answered", SAAR stays on.
+    In the first two modes the rollout appends `result` (and `note`); in the last two the error is already in
+    the trajectory and the rollout goes on with the turn at `next_turn`.
     """
-    result: object = None
+    mode: str
+    result: object
     note: str = ""
     next_turn: int | None = None
     next_finish: str = ""
-    failed_start: int = 0
-    failed_result: object = None
+
+    @property
+    def continues(self) -> bool:
+        """The failed turn and its error stayed, and a regenerated turn follows them."""
+        return self.mode in ("answered", "gated")
 
 
-async def retry_failed_call(traj, start: int, result, *, cfg: SaarConfig, state: SaarState, run) -> Outcome:
+async def retry_failed_call(traj, start: int, result, *, cfg: SaarConfig, state: SaarState, env) -> Outcome:
     """Purify the failed call in the turn at traj.response_ids[start:] (its result not yet appended).
 
-    `run` is the rollout's per-trajectory rollout.Runner: generate, score, parse, execute, tokenizer, the
-    call syntax, the tool-turn scaffolding and the tool-call budget. (This module imports no project module:
-    everything of the rollout comes through `run`.)
+    `env` is the rollout's per-trajectory tool environment (rollout.ToolEnv): generate, score, parse, execute,
+    tokenizer, the call syntax, the tool-turn scaffolding and the tool-call budget. (This module imports no
+    project module: everything of the rollout comes through `env`.)
     """
     retries = 0
     while True:
-        if retries >= cfg.max_retries or not run.can_call():
+        if retries >= cfg.max_retries or not env.can_call():
             state.on = False  # give up: keep the last failed attempt and its error
-            state.events.append(dict(turn=run.turn, kind="given_up", similarity=None, retry=retries,
+            state.events.append(dict(turn=env.turn, kind="given_up", similarity=None, retry=retries,
                                      error_kind=result.error_kind))
-            return Outcome(result=result, note=run.give_up_note(retries + 1) if retries >= 2 else "")
+            return Outcome("given_up", result, note=env.give_up_note(retries) if retries >= 2 else "")
         # snapshot = the trajectory up to and including the failed turn; restoring is truncating to `start`
         old_turn, old_logp = traj.response_ids[start:], traj.logprobs[start:]
         old_isw = traj.is_weight[start:] if traj.is_weight is not None else None
-        feedback = run.feedback(result, instruction=cfg.feedback_instruction)
-        fb = run.tool_turn_ids(feedback, run.ended(old_turn))
-        if run.left(traj.prompt_ids + traj.response_ids) - len(fb) < 1:
+        feedback = env.feedback(result, instruction=cfg.feedback_instruction)
+        fb = env.tool_turn_ids(feedback, env.ended(old_turn))
+        if env.left(traj.prompt_ids + traj.response_ids) - len(fb) < 1:
             # no room for the error and a new turn within the response budget: the failed call stays, and
             # the rollout then finds no room for its result either (finish reason "length")
             state.on = False
-            state.events.append(dict(turn=run.turn, kind="given_up", similarity=None, retry=retries,
+            state.events.append(dict(turn=env.turn, kind="given_up", similarity=None, retry=retries,
                                      error_kind=result.error_kind, reason="budget"))
-            return Outcome(result=result)
+            return Outcome("given_up", result)
         traj.extend(fb, mask=0)
         next_turn = len(traj.response_ids)
-        new = await run.generate(traj.prompt_ids + traj.response_ids)  # room if the error and the new turn both stay
+        new = await env.generate(traj.prompt_ids + traj.response_ids)  # room if the error and the new turn both stay
         retries += 1
-        if not run.parse(new.token_ids).present:
+        if not env.parse(new.token_ids).present:
             # the model answered instead of calling again: keep the error and the answer; SAAR off
             traj.extend(new.token_ids, mask=1, logprobs=new.logprobs)
             state.on = False
-            state.events.append(dict(turn=run.turn, kind="answered", similarity=None, retry=retries,
+            state.events.append(dict(turn=env.turn, kind="answered", similarity=None, retry=retries,
                                      error_kind=result.error_kind, regen_tokens=len(new.token_ids)))
-            return Outcome(next_turn=next_turn, next_finish=new.finish_reason, failed_start=start,
-                           failed_result=result)
-        rep = replace_turn(old_turn, new.token_ids, tokenizer=run.tokenizer, syntax=run.syntax, gamma=cfg.gamma,
+            return Outcome("answered", result, next_turn=next_turn, next_finish=new.finish_reason)
+        rep = replace_turn(old_turn, new.token_ids, tokenizer=env.tokenizer, syntax=env.syntax, gamma=cfg.gamma,
                            sim_on=cfg.sim_on, sim_eos=cfg.sim_eos)
         n_new = len(rep.ids) - rep.keep
         # kept reasoning keeps its log-probs (sampled on the clean context); new tokens keep theirs
@@ -181,24 +192,23 @@ async def retry_failed_call(traj, start: int, result, *, cfg: SaarConfig, state:
         isw = None
         if cfg.is_mode != "none":
             purified = traj.prompt_ids + traj.response_ids[:start] + rep.ids
-            clean = await run.score(purified, len(traj.prompt_ids) + start + rep.keep)
+            clean = await env.score(purified, len(traj.prompt_ids) + start + rep.keep)
             log_ratio = [c - s for c, s in zip(clean, new_logp[rep.keep:])]
             seq_ratio = math.exp(min(sum(log_ratio), 50.0))
             if cfg.is_mode == "gate" and seq_ratio < cfg.is_gate:
                 # too unlikely on the clean context: keep the error and let the new turn follow it, which
                 # is what a raw rollout would have produced; SAAR stays on for later turns
                 traj.extend(new.token_ids, mask=1, logprobs=new.logprobs)
-                state.events.append(dict(turn=run.turn, kind="gated", similarity=rep.similarity, retry=retries,
+                state.events.append(dict(turn=env.turn, kind="gated", similarity=rep.similarity, retry=retries,
                                          error_kind=result.error_kind, seq_ratio=seq_ratio,
                                          regen_tokens=len(new.token_ids)))
-                return Outcome(next_turn=next_turn, next_finish=new.finish_reason, failed_start=start,
-                               failed_result=result)
+                return Outcome("gated", result, next_turn=next_turn, next_finish=new.finish_reason)
             if cfg.is_mode == "token" and old_isw is not None:
                 isw = list(old_isw[:rep.keep]) + [min(math.exp(x), cfg.is_cap) for x in log_ratio]
         traj.truncate(start)  # restore the snapshot: the error and the failed call vanish
         traj.extend(rep.ids, mask=1, logprobs=new_logp, is_weight=isw)
-        state.events.append(dict(turn=run.turn, kind=rep.kind, similarity=rep.similarity, retry=retries,
+        state.events.append(dict(turn=env.turn, kind=rep.kind, similarity=rep.similarity, retry=retries,
                                  error_kind=result.error_kind, regen_tokens=len(new.token_ids)))
-        result = await run.execute(run.parse(rep.ids), retry=True)
+        result = await env.execute(env.parse(rep.ids), retry=True)
         if result.ok:
-            return Outcome(result=result)
+            return Outcome("fixed", result)

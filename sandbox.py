@@ -9,7 +9,12 @@ starting Python (about 70 ms with numpy, 320 ms with sympy). nanochat's executio
 job; we keep its plain tone, but not its design (a multiprocessing.Process per call, os functions
 patched to None). Nothing here is copied from it.
 
-How it works
+This file reads top down: this docstring (what runs where, what each layer stops, what is not
+covered), what a call returns (ExecResult), the API (Sandbox, Session) and the containment policy
+(what is hidden, which syscalls are refused). Below the "internals" ruler is the machinery: the pool,
+the zygotes, sessions' processes, and the child that runs the code. A reader can stop at the ruler.
+
+What runs where
 - One zygote per slot: a clean `python -I sandbox.py --zygote`, started with subprocess (never by
   forking the trainer, which may hold torch threads), that has imported numpy and sympy with one
   BLAS thread and run a short warm-up. It speaks length-prefixed JSON over its stdin/stdout.
@@ -37,42 +42,80 @@ How it works
   themselves, so threads of idle sessions do not run. Session cells are named `<cell N>` in
   tracebacks and echo the value of a final expression like Jupyter; stateless runs are scripts unless
   `run(..., echo=True)` (the official CLEANER tool echoes it).
-- Results: `ExecResult.text` is what the model sees: stdout, stderr, then a compact traceback
-  (frames of the cell, the innermost library frame with a short path, repeats collapsed, about 20
-  lines at most). Timeouts, memory, output floods and crashes are one line each. `short_text` has
-  only the last line of the error, for ablations. A failure of the sandbox itself is retried once
-  and then reported as `sandbox_internal`, never as an error of the code; a `sandbox_internal` frame
-  from the code's own process (ours only before the code starts, but the code can write one) is never
-  retried, so code cannot get itself run twice.
+
+What a call returns
+- An ExecResult: facts, not text. The kind (ERROR_KINDS), the streams (head and tail), the exception's
+  type and Python's own text for it, the frames of the code (the innermost library frame too, with
+  a path below sys.path; a run of repeats folded into a count), the limits, the signal of a crash,
+  why a session's state was lost. The words the model reads are rollout.tool_text's, in rollout.py's
+  model-facing block, and nowhere else.
+- Never in a result: frames of this file, anything of the trainer (its environment, its processes),
+  anything of another execution. The report about an exception comes from the code's own process, so
+  the zygote keeps only known fields, each of its type and bounded (`_checked`); a forged report can
+  lie about its own execution, nothing else.
+- A failure of the sandbox itself is retried once and then reported as `sandbox_internal`, never as
+  an error of the code; a `sandbox_internal` report from the code's own process (ours only before the
+  code starts, but the code can write one) is never retried, so code cannot get itself run twice.
 
 What is covered (layers used when available; `Sandbox.layers` lists the active ones)
 - bwrap: bubblewrap with private network, pid, ipc and uts namespaces, a read-only root, a private
-  size-capped /tmp holding the scratch dirs, and a fresh /dev and /proc. Directories that an
+  size-capped /tmp holding the scratch dirs, and a fresh /dev and /proc. /var/tmp, /run and /var/crash
+  are empty root-owned tmpfs (no host sockets, nothing left for a later execution), /dev/shm a 64 MB
+  tmpfs wiped after every execution. Directories that an
   unprivileged uid cannot enter (e.g. /root holding a pyenv Python) are masked with an empty tmpfs
   and only the interpreter's own directories are re-exposed, read-only. So are the folders the code
   must not read (`_hidden`: this checkout with its graders, tests and run folders, the problem sets
   beside it, the caches, and the caller's `hide=`): only this file and a venv inside are bound back.
-- netns / seccomp: without bwrap, root unshares a network namespace (no interfaces up); otherwise
-  a seccomp filter refuses socket() for every family except AF_UNIX, and io_uring.
+- netns / mountns: without bwrap, root unshares a network namespace (no interfaces up) and a mount
+  namespace in which /tmp (scratch_mb, holding the scratch dirs), /var/tmp, /run and /var/crash are
+  root-owned tmpfs and /dev/shm a 64 MB tmpfs wiped after every execution.
+- hidepid: with bwrap or mountns, /proc is a new instance with hidepid=invisible: the code sees only
+  the processes of its own uid (its own run or session), not the trainer's, the zygote's or another
+  session's, nor their command lines.
+- seccomp, in every mode, installed last in each child's set-up (see _REFUSED_SYSCALLS): no socket()
+  bind() connect(), nor sendto() to an address or sendmsg() (socketpair() and send() to its peer stay:
+  multiprocessing and asyncio work), so no host socket (pathname or abstract) is reachable and no session
+  can name a socket another could reach; no unshare/setns, and no clone with namespace flags (clone3
+  gets ENOSYS so libc falls back to clone; threads, fork and subprocess work); no ptrace,
+  process_vm_*, pidfd_getfd, kcmp; no keyctl/add_key/request_key; no mount API, pivot_root, chroot;
+  no bpf, perf_event_open, userfaultfd, io_uring, kexec or module loading; no memfd_create or
+  memfd_secret, and no SysV IPC (shmget, semget, msgget) or POSIX message queues: each holds memory
+  outside RLIMIT_AS and outlives a run. 32-bit and x32 syscalls are refused. (x86_64 and aarch64.)
 - uid: as root, code runs under an unprivileged uid per slot and per session (RLIMIT_NPROC is not
-  enforced for root), with no_new_privs, so it cannot signal or ptrace other slots, the zygote or
-  the trainer, nor write anything it does not own. Session processes are made dumpable again (to
-  read their own /proc/self/pagemap), which lets them ptrace only each other: one session, one uid.
+  enforced for root), with no_new_privs, so it cannot signal other slots, the zygote or
+  the trainer, nor write anything it does not own. Processes are made dumpable again (to see their own
+  children under hidepid and read /proc/self/pagemap); ptrace is refused anyway, and a uid serves one
+  execution or one session at a time. SysV IPC objects a uid owns or created (were the filter missing)
+  are removed after each run of a slot, when a session closes, before a uid is given to a new session,
+  when a zygote starts and exits, and by Sandbox.close() (a zygote killed before it could clean up).
 - rlimits: address space (preloaded libraries plus memory_mb), CPU (a backstop for the wall-clock
   kill), file size, open files, processes (with a uid), core dumps off.
 - a scrubbed environment (no secrets from the trainer), stdin from /dev/null unless given.
 - the zygote is a child subreaper: setsid and double-fork escapees are reparented to it and killed
   after every execution; fork bombs are capped by the uid's RLIMIT_NPROC and killed the same way.
+- session control: a cell, and whatever it forks, holds no socket the zygote reads: its runner's
+  socket is receive-only (the zygote shut its own reading side), the holder's is closed in the runner,
+  and a committed runner gets a fresh one only after the cell's forks are killed. The zygote reads
+  what session processes send a bounded number of messages at a time, checking the deadline between.
 
 What is not covered
 - Kernel exploits: this is namespaces, uids, rlimits and seccomp, not a VM (gVisor/Firecracker).
-- Without bwrap: the filesystem is the host's. A slot uid cannot write root-owned files, but it can
-  write world-writable places (/tmp, /dev/shm, /var/tmp), read world-readable files, and cannot
-  import modules not preloaded from directories it cannot enter (e.g. /root/.pyenv).
-- Without root and without bwrap: no uid separation, so code can signal or read other processes
-  of the same user (including the trainer), kill its own zygote (the pool respawns it) and fork
-  without a process cap; escapees survive if the zygote itself is killed.
-- Memory is an address-space limit, not a cgroup: it bounds each process, not a tree of them.
+- Without bwrap: the filesystem is the host's (less the tmpfs above, with root). A slot uid cannot write
+  root-owned files, but it can read world-readable files, and cannot import modules not preloaded
+  from directories it cannot enter (e.g. /root/.pyenv). The checkout, problem sets and caches are
+  not hidden (`_hidden` needs bwrap).
+- Without root and without bwrap (the bare mode: seccomp and rlimits only): no uid separation, so code
+  can signal or read other processes of the same user (including the trainer), read every process's
+  command line in /proc, write the host's /tmp, /var/tmp and /dev/shm (files there are memory outside
+  memory_mb when they are tmpfs, and stay after the run), kill its own zygote (the pool respawns it) and
+  fork without a process cap; escapees survive if the zygote itself is killed. Sandbox() says so on
+  stderr when it starts like this.
+- Memory is an address-space limit, not a cgroup (cgroup v2 is not assumed): it bounds each process,
+  not a tree of them. Memory outside it is capped, not counted: the tmpfs above (/tmp at scratch_mb,
+  /dev/shm 64 MB, 16 MB for each of the others) per slot; memfd, SysV and POSIX queues are refused.
+- Threads a committed cell leaves in a session's holder run in the process that talks to the zygote,
+  so they can write to its control socket: the bounded reads keep the zygote on time, and a session
+  they break only fails its own later cells.
 - Scratch files of a session persist across its cells and are not rolled back with a failed cell;
   threads started in a cell do not survive into the next cell (each cell is a new process).
 - `ok` follows the process: `sys.exit(0)` and `os._exit(0)` count as success. Graders that must
@@ -108,8 +151,13 @@ import types
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 ERROR_KINDS = ("none", "exception", "syntax", "timeout", "memory", "output_limit", "crash", "sandbox_internal")
+# Why a session cell's result says the session's state was lost (ExecResult.state_lost): its process had died
+# before the cell, stopped responding, or was killed by the cell; the sandbox worker died during the cell, or
+# restarted since the last one.
+STATE_LOSSES = ("holder_died", "holder_hung", "holder_killed", "worker_died", "restarted")
 THIS_FILE = os.path.abspath(__file__)
 UIDS_PER_SANDBOX = 10_000  # one uid per slot, the rest recycled for sessions
 NPROC_LIMIT = 128  # processes + threads per uid: room for a Pool, not for a fork bomb
@@ -119,68 +167,58 @@ START_TIMEOUT_S = 180.0  # a zygote imports numpy + sympy; slow on a loaded 2-co
 MADV_POPULATE_WRITE = 23  # Linux 5.14+: fault pages in writable, breaking copy-on-write, in one call
 BACKGROUND_NICE = 10  # session processes between cells: copying ahead yields to the cells of other sessions
 COPY_AHEAD_MAX_PAGES = 4096  # 16 MiB: the most a session runner copies (and holds twice) before its cell
+# Bounds of what a result carries from the code's process (the child keeps to them, the zygote enforces them)
+TEXT_MAX = 65536  # characters of a text: a longer exception text keeps its head and tail (exception_cut)
+MAX_FRAMES = 64  # frames of a traceback: past it, the first and the last half (frames_omitted)
+NAME_MAX = 1000  # characters of a frame's file or function name
+FRAME_LINES_MAX = 200_000  # characters of the frames' source lines together; past it, each gets an equal share
+
+
+# -----------------------------------------------------------------------------
+# What a call returns
+
+class Frame(NamedTuple):
+    """One frame of the code's traceback (outermost first)."""
+    filename: str  # "<cell>" (a run), "<cell N>" (a session's Nth cell), or a library file, by its path below sys.path
+    lineno: int | None
+    name: str  # the function, or "<module>"
+    line: str  # its source line, stripped ("" when there is none)
+    repeats: int = 0  # how many times more it came right after itself (recursion), folded into this one
 
 
 @dataclass
 class ExecResult:
+    """What one execution did, as facts; rollout.tool_text words them for the model. The only text in it is the
+    code's own (its output) and Python's (its text for an exception)."""
     ok: bool
-    stdout: str  # head and tail, with "... [N bytes cut] ..." in between when long
-    stderr: str
     error_kind: str  # one of ERROR_KINDS
-    exception_type: str | None  # e.g. "ZeroDivisionError", for exception/syntax/memory
-    duration_s: float  # wall time of the execution itself, not of waiting for a slot
-    text: str  # what the model is shown: output, then the compact error
-    short_text: str = ""  # the same with only the last line of the error (ablations)
-    error_line: str = ""  # the last line of the error alone, "" when ok
+    stdout: str  # what the code printed; when longer than max_output_bytes, its head and tail with
+    # "... [N bytes cut] ..." between them, so that a cut stream never equals a whole one (graders rely on it)
+    stderr: str  # the same
     bytes_cut: int = 0  # bytes dropped from the middle of stdout + stderr
+    duration_s: float = 0.0  # wall time of the execution itself, not of waiting for a slot
+    timeout_s: float = 0.0  # the limits it ran under: wall clock, memory, output
+    memory_mb: int = 0
+    flood_bytes: int = 0
+    exception_type: str | None = None  # exception, syntax, memory: the class name, e.g. "ZeroDivisionError"
+    # exception, syntax: the exception as a Python traceback ends with it, e.g. "numpy.linalg.LinAlgError: Singular
+    # matrix" (with its notes; for a SyntaxError, the line and a caret above), and the characters dropped from its
+    # middle when longer than TEXT_MAX
+    exception_text: str = ""
+    exception_cut: int = 0
+    frames: list = field(default_factory=list)  # exception: [Frame] of the code, and the innermost library frame
+    frames_omitted: int = 0  # frames left out between the first and the last MAX_FRAMES // 2
+    message: str = ""  # memory: the MemoryError's own message ("" for a bare one)
+    line: int | None = None  # memory: the line of the cell that ran out
+    signal: int | None = None  # crash: the signal that killed the process
+    exit_status: int | None = None  # crash: the status the process exited with before the code finished
+    sandbox_killed: bool = False  # crash: the code killed the sandbox process running it (twice)
+    detail: str = ""  # sandbox_internal: what failed, for the logs
+    state_lost: str = ""  # session cells: why the session's state was lost (one of STATE_LOSSES); "" when kept
 
 
 # -----------------------------------------------------------------------------
-# Framing shared by the trainer and the zygotes: 4-byte big-endian length, then JSON.
-
-def _write_frame(fd: int, obj) -> None:
-    data = json.dumps(obj).encode()
-    view = memoryview(struct.pack(">I", len(data)) + data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def _read_exact(fd: int, n: int, deadline: float | None) -> bytes:
-    buf = bytearray()
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    while len(buf) < n:
-        if deadline is not None:
-            wait = deadline - time.monotonic()
-            if wait <= 0 or not poller.poll(wait * 1000 + 1):
-                raise TimeoutError("no answer from the sandbox worker")
-        chunk = os.read(fd, min(n - len(buf), 1 << 20))
-        if not chunk:
-            raise EOFError("sandbox worker closed its pipe")
-        buf += chunk
-    return bytes(buf)
-
-
-def _read_frame(fd: int, deadline: float | None = None):
-    (n,) = struct.unpack(">I", _read_exact(fd, 4, deadline))
-    return json.loads(_read_exact(fd, n, deadline))
-
-
-# -----------------------------------------------------------------------------
-# Trainer side: the pool, the public API and the model-facing text.
-
-@dataclass
-class _Worker:
-    index: int
-    uid: int | None
-    proc: subprocess.Popen | None = None
-    busy: bool = False
-    generation: int = 0  # bumped on every respawn: sessions on older generations are lost
-    layers: list = field(default_factory=list)
-    n_sessions: int = 0
-    last_used: int = 0
-    pending_closes: list = field(default_factory=list)  # (sid, uid) closed while the worker was busy
-
+# The API
 
 class Sandbox:
     """A pool of warm zygotes running model-written Python. See the module docstring."""
@@ -196,7 +234,8 @@ class Sandbox:
         flood_bytes: a call printing more than this in total is killed (kind output_limit).
         scratch_mb: size of the private /tmp (bwrap) and largest file a call may write.
         use_bwrap / use_netns / use_uid: allow that layer when available (False forces the
-        weaker fallbacks, for tests). max_threads: threads serving arun() callers.
+        weaker fallbacks, for tests); use_netns covers the namespaces root makes without bwrap (network
+        and mount). max_threads: threads serving arun() callers.
         hide: more folders the code must not see (a run's output folder), besides this checkout, the
         problem sets beside it and the caches (`_hidden`); with bwrap each becomes an empty tmpfs."""
         if timeout_s <= 0 or memory_mb <= 0 or max_output_bytes < 2 or flood_bytes <= 0 or scratch_mb <= 0:
@@ -209,6 +248,162 @@ class Sandbox:
         self.max_output_bytes = int(max_output_bytes)
         self.flood_bytes = max(int(flood_bytes), self.max_output_bytes)
         self.scratch_mb = int(scratch_mb)
+        limits = {"memory_mb": self.memory_mb, "keep": self.max_output_bytes, "flood": self.flood_bytes,
+                  "fsize": self.scratch_mb << 20}
+        self._pool = _Pool(self.slots, limits, use_bwrap, use_netns, use_uid, max_threads, hide)
+        self.layers = list(self._pool.layers)
+        if "bwrap" not in self.layers and "hidepid" not in self.layers:
+            print("sandbox: without bwrap, and without root for a mount namespace, the code can read other processes'"
+                  " command lines (/proc/*/cmdline) and write the host's /tmp, /var/tmp and /dev/shm", file=sys.stderr)
+
+    def run(self, code: str, *, timeout_s: float | None = None, stdin: str | None = None,
+            echo: bool = False) -> ExecResult:
+        """Run `code` in a fresh namespace and process. Never raises for anything the code does.
+
+        echo: print the repr of a final bare expression when it is not None, as the official CLEANER tool does
+        (off: the code is a plain script)."""
+        timeout = _call_timeout(code, timeout_s, stdin, self.timeout_s)
+        req = {"op": "run", "code": code, "timeout": timeout, "stdin": stdin, "echo": bool(echo)}
+        resp, deaths = None, 0
+        for _ in range(2):  # one retry of the sandbox's own failures
+            resp = self._pool.run(req, timeout)
+            if resp is None:
+                deaths += 1
+            elif resp["kind"] != "sandbox_internal" or resp.get("retry") is False:
+                break
+        if resp is None and deaths == 2:
+            # The worker died under this code twice running: the code kills its own sandbox
+            # (possible only without a separate uid), which is the code's failure, not ours.
+            resp = {"kind": "crash", "sandbox_killed": True}
+        return _exec_result(resp, timeout, self)
+
+    async def arun(self, code: str, *, timeout_s: float | None = None, stdin: str | None = None,
+                   echo: bool = False) -> ExecResult:
+        """`run` for asyncio callers: the event loop keeps generating while the code runs."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool.executor, functools.partial(self.run, code, timeout_s=timeout_s,
+                                                                                 stdin=stdin, echo=echo))
+
+    def session(self, rollback: bool = True) -> "Session":
+        """A stateful session. rollback=False keeps partial effects of cells that raise."""
+        sid, worker, uid = self._pool.open_session()
+        return Session(self, sid, worker, uid, rollback)
+
+    def close(self) -> None:
+        self._pool.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Session:
+    """Variables persist across cells; a failing cell leaves them as they were (see the module docstring)."""
+
+    def __init__(self, sb: Sandbox, sid: int, worker: int, uid: int | None, rollback: bool):
+        self._sb, self.sid, self._worker, self._uid, self.rollback = sb, sid, worker, uid, rollback
+        self._generation = None  # worker generation the holder was created in; None before the first cell
+        self._opened = [False]  # shared with the finalizer: does the zygote hold processes for us?
+        self.closed = False
+        # A session dropped without close() is closed at the next use of its worker (never from GC itself).
+        self._finalizer = weakref.finalize(self, _end_session, sb._pool, worker, sid, uid, self._opened, True)
+
+    def run(self, code: str, *, timeout_s: float | None = None, stdin: str | None = None) -> ExecResult:
+        if self.closed:
+            raise RuntimeError(f"session {self.sid} is closed")
+        timeout = _call_timeout(code, timeout_s, stdin, self._sb.timeout_s)
+        req = {"op": "cell", "sid": self.sid, "uid": self._uid, "rollback": self.rollback,
+               "code": code, "timeout": timeout, "stdin": stdin}
+        return _exec_result(self._sb._pool.cell(self, req, timeout), timeout, self._sb)
+
+    async def arun(self, code: str, *, timeout_s: float | None = None, stdin: str | None = None) -> ExecResult:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._sb._pool.executor,
+                                          functools.partial(self.run, code, timeout_s=timeout_s, stdin=stdin))
+
+    def close(self) -> None:
+        """Kill the session's processes. Never blocks on a busy worker: then the close is queued."""
+        if self.closed:
+            return
+        self.closed = True
+        self._finalizer.detach()
+        _end_session(self._sb._pool, self._worker, self.sid, self._uid, self._opened, False)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+# -----------------------------------------------------------------------------
+# Containment policy: what the code must not see, and the syscalls it may not make (the rest of the
+# layers, and what they leave open, are in the module docstring)
+
+def _hidden(extra=()) -> list:
+    """Folders the code must not read although the host may show them to anyone: this checkout (the graders,
+    tests and run folders), the problem sets beside it (their answers: a policy could learn to read them),
+    the caches, and the caller's own. Only bwrap can hide them; the fallback layers cannot."""
+    repo = os.path.dirname(THIS_FILE)
+    cands = [repo, os.path.join(os.path.dirname(repo), "shared"), os.environ.get("CLEANER_DATA"),
+             os.environ.get("CLEANER_CACHE"), os.path.join(os.path.expanduser("~"), ".cache", "cleaner"), *extra]
+    return sorted({os.path.realpath(p) for p in cands if p and os.path.isdir(p)} - {"/", "/tmp", "/usr", "/etc"})
+
+
+# Syscalls model code never needs, each a way out of the sandbox, into another execution, or onto kernel
+# attack surface (x86_64, aarch64 numbers). Refused with EPERM in every mode once the sandbox's own set-up
+# is done (see _lock_down). clone is refused only with namespace flags, and clone3 (its flags sit in a
+# struct seccomp cannot read) with ENOSYS, so that libc falls back to clone: threads, fork and
+# subprocess keep working. Sockets: socket(), bind() and connect() are refused outright, and so are
+# sendto() with an address and sendmsg() (whose address seccomp cannot read): so no listener, abstract or
+# pathname, can exist, and no socket can reach one (a datagram socketpair() end could otherwise send to
+# any named socket of the host or of another session); SO_PASSCRED, whose autobind names a socket, is
+# refused too. socketpair() itself (multiprocessing.Pipe, asyncio) and send() to its peer stay. SysV IPC
+# and POSIX message queues would outlive a run and hold memory outside RLIMIT_AS, as
+# would memfd_create (the sandbox's own memfds are made by the zygote, never in the code's process).
+_REFUSED_SYSCALLS = {
+    "socket": (41, 198), "bind": (49, 200), "connect": (42, 203), "sendmsg": (46, 211), "sendmmsg": (307, 269),
+    "unshare": (272, 97), "setns": (308, 268),
+    "ptrace": (101, 117), "process_vm_readv": (310, 270), "process_vm_writev": (311, 271),
+    "pidfd_getfd": (438, 438), "kcmp": (312, 272),
+    "keyctl": (250, 219), "add_key": (248, 217), "request_key": (249, 218),
+    "mount": (165, 40), "umount2": (166, 39), "pivot_root": (155, 41), "chroot": (161, 51),
+    "open_tree": (428, 428), "move_mount": (429, 429), "fsopen": (430, 430), "fsconfig": (431, 431),
+    "fsmount": (432, 432), "fspick": (433, 433), "mount_setattr": (442, 442),
+    "bpf": (321, 280), "perf_event_open": (298, 241), "userfaultfd": (323, 282),
+    "io_uring_setup": (425, 425), "io_uring_enter": (426, 426), "io_uring_register": (427, 427),
+    "kexec_load": (246, 104), "kexec_file_load": (320, 294),
+    "init_module": (175, 105), "finit_module": (313, 273), "delete_module": (176, 106),
+    "memfd_create": (319, 279), "memfd_secret": (447, 447),
+    "shmget": (29, 194), "semget": (64, 190), "msgget": (68, 186), "mq_open": (240, 180),
+}
+
+
+# ==== internals: a reader can stop here =====================================================================
+# Trainer side: the pool of zygotes behind a Sandbox, and the results it hands back.
+
+@dataclass
+class _Worker:
+    index: int
+    uid: int | None
+    proc: subprocess.Popen | None = None
+    busy: bool = False
+    generation: int = 0  # bumped on every respawn: sessions on older generations are lost
+    layers: list = field(default_factory=list)
+    n_sessions: int = 0
+    last_used: int = 0
+    pending_closes: list = field(default_factory=list)  # (sid, uid) closed while the worker was busy
+
+
+class _Pool:
+    """A Sandbox's zygotes: which one a call takes, (re)starting them, one request and its answer, the uids
+    of sessions and the closes queued for a busy worker."""
+
+    def __init__(self, slots: int, limits: dict, use_bwrap: bool, use_netns: bool, use_uid: bool,
+                 max_threads: int, hide: tuple):
+        self.limits = limits  # memory_mb, keep, flood, fsize: the zygotes' config
         self._closed = False
         self._cond = threading.Condition()
         self._sids = itertools.count()
@@ -217,70 +412,63 @@ class Sandbox:
         if use_uid and os.geteuid() == 0:
             # Random per Sandbox so two trainers on one machine never share uids (nor NPROC counts).
             uid_base = 10_000_000 + random.randrange(100_000) * UIDS_PER_SANDBOX
-            self._free_uids = list(range(uid_base + UIDS_PER_SANDBOX - 1, uid_base + self.slots - 1, -1))
-        self._bwrap = _bwrap_argv(self.scratch_mb, _hidden(hide)) if use_bwrap else None
+            self._free_uids = list(range(uid_base + UIDS_PER_SANDBOX - 1, uid_base + slots - 1, -1))
+        self._bwrap = _bwrap_argv(limits["fsize"] >> 20, _hidden(hide)) if use_bwrap else None
         self._root = None
         if self._bwrap is None:
             self._root = tempfile.mkdtemp(prefix="cleaner-sandbox-")
             os.chmod(self._root, 0o711)  # slot uids may enter, not list
         self._use_netns = use_netns
         self._env = _clean_env("/tmp" if self._bwrap else self._root)
-        self._workers = [_Worker(i, None if uid_base is None else uid_base + i) for i in range(self.slots)]
-        self._executor = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="sandbox")
-        self._finalizer = weakref.finalize(self, _shutdown, self._workers, self._root, self._executor)
+        self.workers = [_Worker(i, None if uid_base is None else uid_base + i) for i in range(slots)]
+        self.executor = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="sandbox")
+        uids = None if uid_base is None else range(uid_base, uid_base + UIDS_PER_SANDBOX)
+        self._finalizer = weakref.finalize(self, _shutdown, self.workers, self._root, self.executor, uids)
         try:
-            for w in self._workers:
+            for w in self.workers:
                 self._spawn(w)
-            for w in self._workers:
+            for w in self.workers:
                 self._await_ready(w)
         except BaseException:
             self.close()
             raise
-        self.layers = list(self._workers[0].layers)
+        self.layers = self.workers[0].layers
 
-    # ---- public API
+    def run(self, req: dict, timeout: float) -> dict | None:
+        """A stateless run on a free worker: the zygote's answer, None when it died or hung."""
+        w = self._acquire(None)
+        try:
+            return self._request(w, req, timeout)
+        finally:
+            self._release(w)
 
-    def run(self, code: str, *, timeout_s: float | None = None, stdin: str | None = None,
-            echo: bool = False) -> ExecResult:
-        """Run `code` in a fresh namespace and process. Never raises for anything the code does.
+    def cell(self, s: "Session", req: dict, timeout: float) -> dict:
+        """A session's cell on the session's worker; the answer says when the session's state was lost."""
+        w = self._acquire(s._worker)
+        try:
+            alive = self._revive(w)  # first, so that a respawn shows in the generation
+            lost = s._generation is not None and s._generation != w.generation
+            s._generation = w.generation
+            s._opened[0] = True
+            resp = self._request(w, req, timeout) if alive else None  # a failed respawn is not retried here
+        finally:
+            self._release(w)
+        if resp is None:
+            resp = {"kind": "sandbox_internal", "detail": "the sandbox worker died during this cell",
+                    "state_lost": "worker_died"}
+        elif lost:
+            resp["state_lost"] = "restarted"
+        return resp
 
-        echo: print the repr of a final bare expression when it is not None, as the official CLEANER tool does
-        (off: the code is a plain script)."""
-        timeout = self._timeout(code, timeout_s, stdin)
-        req = {"op": "run", "code": code, "timeout": timeout, "stdin": stdin, "echo": bool(echo)}
-        resp, deaths = None, 0
-        for _ in range(2):  # one retry of the sandbox's own failures
-            w = self._acquire(None)
-            try:
-                resp = self._request(w, req, timeout)
-            finally:
-                self._release(w)
-            if resp is None:
-                deaths += 1
-            elif resp["kind"] != "sandbox_internal" or resp.get("retry") is False:
-                break
-        if resp is None and deaths == 2:
-            # The worker died under this code twice running: the code kills its own sandbox
-            # (possible only without a separate uid), which is the code's failure, not ours.
-            resp = {"kind": "crash", "detail": "the code killed the sandbox process running it"}
-        return self._result(resp, timeout)
-
-    async def arun(self, code: str, *, timeout_s: float | None = None, stdin: str | None = None,
-                   echo: bool = False) -> ExecResult:
-        """`run` for asyncio callers: the event loop keeps generating while the code runs."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, functools.partial(self.run, code, timeout_s=timeout_s,
-                                                                            stdin=stdin, echo=echo))
-
-    def session(self, rollback: bool = True) -> "Session":
-        """A stateful session. rollback=False keeps partial effects of cells that raise."""
+    def open_session(self) -> tuple:
+        """(sid, worker index, uid) of a new session: the worker with the fewest sessions."""
         with self._cond:
             if self._closed:
                 raise RuntimeError("Sandbox is closed")
-            w = min(self._workers, key=lambda w: w.n_sessions)
+            w = min(self.workers, key=lambda w: w.n_sessions)
             w.n_sessions += 1
-            uid = self._free_uids.pop() if self._workers[0].uid is not None else None
-        return Session(self, next(self._sids), w.index, uid, rollback)
+            uid = self._free_uids.pop() if self.workers[0].uid is not None else None
+        return next(self._sids), w.index, uid
 
     def close(self) -> None:
         with self._cond:
@@ -288,30 +476,12 @@ class Sandbox:
             self._cond.notify_all()
         self._finalizer()
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    # ---- pool plumbing
-
-    def _timeout(self, code, timeout_s, stdin) -> float:
-        if not isinstance(code, str):
-            raise TypeError(f"Sandbox.run: code must be str, got {type(code).__name__}")
-        if stdin is not None and not isinstance(stdin, str):
-            raise TypeError(f"Sandbox.run: stdin must be str or None, got {type(stdin).__name__}")
-        timeout = self.timeout_s if timeout_s is None else float(timeout_s)
-        if timeout <= 0:
-            raise ValueError(f"Sandbox.run: timeout_s must be > 0, got {timeout_s}")
-        return timeout
-
     def _acquire(self, index: int | None) -> _Worker:
         with self._cond:
             while True:
                 if self._closed:
                     raise RuntimeError("Sandbox is closed")
-                free = [w for w in self._workers if not w.busy and (index is None or w.index == index)]
+                free = [w for w in self.workers if not w.busy and (index is None or w.index == index)]
                 if free:
                     # Leave session-heavy workers to their sessions, then round-robin.
                     w = min(free, key=lambda w: (w.n_sessions, w.last_used))
@@ -347,9 +517,7 @@ class Sandbox:
         w.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self._env, bufsize=0,
                                   cwd="/" if self._bwrap else self._root, start_new_session=True, close_fds=True)
         cfg = {"bwrap": self._bwrap is not None, "use_netns": self._use_netns, "uid": w.uid,
-               "root": "/tmp" if self._bwrap else os.path.join(self._root, f"w{w.index}"),
-               "memory_mb": self.memory_mb, "keep": self.max_output_bytes, "flood": self.flood_bytes,
-               "fsize": self.scratch_mb << 20}
+               "root": "/tmp" if self._bwrap else os.path.join(self._root, f"w{w.index}"), **self.limits}
         _write_frame(w.proc.stdin.fileno(), cfg)
 
     def _await_ready(self, w: _Worker) -> None:
@@ -393,113 +561,81 @@ class Sandbox:
             self._respawn(w)
             return None
 
-    def _result(self, resp: dict | None, timeout: float) -> ExecResult:
-        if resp is None:
-            resp = {"kind": "sandbox_internal", "detail": "the sandbox worker died or stopped answering"}
-        kind = resp["kind"]
-        if kind in ("exception", "syntax"):  # these fields come from the code's process: may be forged
-            full = str(resp.get("traceback") or resp.get("exception_type") or "Exception")
-            last = str(resp.get("error_line") or full.splitlines()[-1])
-        elif kind == "memory":
-            where = f" at line {resp['line']}" if resp.get("line") else ""
-            msg = resp.get("message") or "out of memory"
-            full = last = f"MemoryError: {msg}{where} (the memory limit is {self.memory_mb} MB)"
-        elif kind == "timeout":
-            full = last = f"TimeoutError: the code ran longer than the {timeout:g} s time limit and was stopped"
-        elif kind == "output_limit":
-            full = last = f"OutputLimitError: the code printed more than {self.flood_bytes:,} bytes and was stopped"
-        elif kind == "crash":
-            full = last = f"Crash: {resp['detail']}"
-        elif kind == "sandbox_internal":
-            full = last = f"SandboxError: the sandbox itself failed, not the code ({resp.get('detail', 'internal error')})"
-        else:
-            full = last = ""
-        if resp.get("note"):
-            full, last = f"{full}\n[{resp['note']}]".lstrip("\n"), f"{last}\n[{resp['note']}]".lstrip("\n")
-        stdout, stderr = resp.get("stdout", ""), resp.get("stderr", "")
-        return ExecResult(ok=kind == "none", stdout=stdout, stderr=stderr, error_kind=kind,
-                          exception_type=resp.get("exception_type"), duration_s=resp.get("duration", 0.0),
-                          text=_join(stdout, stderr, full), short_text=_join(stdout, stderr, last),
-                          error_line=last.splitlines()[-1] if last else "", bytes_cut=resp.get("cut", 0))
 
-
-class Session:
-    """Variables persist across cells; a failing cell leaves them as they were (see the module docstring)."""
-
-    def __init__(self, sb: Sandbox, sid: int, worker: int, uid: int | None, rollback: bool):
-        self._sb, self.sid, self._worker, self._uid, self.rollback = sb, sid, worker, uid, rollback
-        self._generation = None  # worker generation the holder was created in; None before the first cell
-        self._opened = [False]  # shared with the finalizer: does the zygote hold processes for us?
-        self.closed = False
-        # A session dropped without close() is closed at the next use of its worker (never from GC itself).
-        self._finalizer = weakref.finalize(self, _end_session, sb, worker, sid, uid, self._opened, True)
-
-    def run(self, code: str, *, timeout_s: float | None = None, stdin: str | None = None) -> ExecResult:
-        sb = self._sb
-        if self.closed:
-            raise RuntimeError(f"session {self.sid} is closed")
-        timeout = sb._timeout(code, timeout_s, stdin)
-        req = {"op": "cell", "sid": self.sid, "uid": self._uid, "rollback": self.rollback,
-               "code": code, "timeout": timeout, "stdin": stdin}
-        w = sb._acquire(self._worker)
-        try:
-            alive = sb._revive(w)  # first, so that a respawn shows in the generation
-            lost = self._generation is not None and self._generation != w.generation
-            self._generation = w.generation
-            self._opened[0] = True
-            resp = sb._request(w, req, timeout) if alive else None  # a failed respawn is not retried here
-        finally:
-            sb._release(w)
-        if resp is None:
-            resp = {"kind": "sandbox_internal", "detail": "the sandbox worker died during this cell",
-                    "note": "the session state was lost; the next cell starts from an empty namespace"}
-        elif lost:
-            resp["note"] = "the sandbox restarted and the session state was lost; this cell ran in an empty namespace"
-        return sb._result(resp, timeout)
-
-    async def arun(self, code: str, *, timeout_s: float | None = None, stdin: str | None = None) -> ExecResult:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._sb._executor, functools.partial(self.run, code, timeout_s=timeout_s, stdin=stdin))
-
-    def close(self) -> None:
-        """Kill the session's processes. Never blocks on a busy worker: then the close is queued."""
-        if self.closed:
-            return
-        self.closed = True
-        self._finalizer.detach()
-        _end_session(self._sb, self._worker, self.sid, self._uid, self._opened, False)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-
-def _end_session(sb: Sandbox, index: int, sid: int, uid: int | None, opened: list, queue_only: bool) -> None:
-    with sb._cond:
-        w = sb._workers[index]
-        if sb._closed:
+def _end_session(pool: _Pool, index: int, sid: int, uid: int | None, opened: list, queue_only: bool) -> None:
+    with pool._cond:
+        w = pool.workers[index]
+        if pool._closed:
             return
         if not opened[0]:  # never ran a cell: nothing exists in the zygote
-            sb._forget_session(w, uid)
+            pool._forget_session(w, uid)
             return
         if w.busy or queue_only:
             w.pending_closes.append((sid, uid))  # done by whoever releases the worker next
             return
         w.busy = True
     try:
-        sb._close_session(w, sid, uid)
+        pool._close_session(w, sid, uid)
     finally:
-        sb._release(w)
+        pool._release(w)
 
 
-def _join(*parts: str) -> str:
-    out = ""
-    for p in parts:
-        if p:
-            out += ("" if not out or out.endswith("\n") else "\n") + p
-    return out
+def _call_timeout(code, timeout_s, stdin, default: float) -> float:
+    """The timeout of a call, once its arguments are checked."""
+    if not isinstance(code, str):
+        raise TypeError(f"Sandbox.run: code must be str, got {type(code).__name__}")
+    if stdin is not None and not isinstance(stdin, str):
+        raise TypeError(f"Sandbox.run: stdin must be str or None, got {type(stdin).__name__}")
+    timeout = default if timeout_s is None else float(timeout_s)
+    if timeout <= 0:
+        raise ValueError(f"Sandbox.run: timeout_s must be > 0, got {timeout_s}")
+    return timeout
+
+
+def _exec_result(resp: dict | None, timeout: float, sb: Sandbox) -> ExecResult:
+    """The zygote's answer (checked there: _verdict) as an ExecResult; None when the zygote died or hung."""
+    if resp is None:
+        resp = {"kind": "sandbox_internal", "detail": "the sandbox worker died or stopped answering"}
+    kind = resp["kind"]
+    return ExecResult(ok=kind == "none", error_kind=kind, stdout=resp.get("stdout", ""), stderr=resp.get("stderr", ""),
+                      bytes_cut=resp.get("cut", 0), duration_s=resp.get("duration", 0.0), timeout_s=timeout,
+                      memory_mb=sb.memory_mb, flood_bytes=sb.flood_bytes, exception_type=resp.get("exception_type"),
+                      exception_text=resp.get("exception_text", ""), exception_cut=resp.get("exception_cut", 0),
+                      frames=[Frame(*f) for f in resp.get("frames", ())], frames_omitted=resp.get("frames_omitted", 0),
+                      message=resp.get("message", ""), line=resp.get("line"), signal=resp.get("signal"),
+                      exit_status=resp.get("exit_status"), sandbox_killed=resp.get("sandbox_killed", False),
+                      detail=resp.get("detail", ""), state_lost=resp.get("state_lost", ""))
+
+
+# -----------------------------------------------------------------------------
+# Framing shared by the trainer and the zygotes: 4-byte big-endian length, then JSON.
+
+def _write_frame(fd: int, obj) -> None:
+    data = json.dumps(obj).encode()
+    view = memoryview(struct.pack(">I", len(data)) + data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _read_exact(fd: int, n: int, deadline: float | None) -> bytes:
+    buf = bytearray()
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    while len(buf) < n:
+        if deadline is not None:
+            wait = deadline - time.monotonic()
+            if wait <= 0 or not poller.poll(wait * 1000 + 1):
+                raise TimeoutError("no answer from the sandbox worker")
+        chunk = os.read(fd, min(n - len(buf), 1 << 20))
+        if not chunk:
+            raise EOFError("sandbox worker closed its pipe")
+        buf += chunk
+    return bytes(buf)
+
+
+def _read_frame(fd: int, deadline: float | None = None):
+    (n,) = struct.unpack(">I", _read_exact(fd, 4, deadline))
+    return json.loads(_read_exact(fd, n, deadline))
 
 
 def _clean_env(home: str) -> dict:
@@ -518,16 +654,6 @@ def _clean_env(home: str) -> dict:
 _BWRAP_PROBED: dict = {}
 
 
-def _hidden(extra=()) -> list:
-    """Folders the code must not read although the host may show them to anyone: this checkout (the graders,
-    tests and run folders), the problem sets beside it (their answers: a policy could learn to read them),
-    the caches, and the caller's own. Only bwrap can hide them; the fallback layers cannot."""
-    repo = os.path.dirname(THIS_FILE)
-    cands = [repo, os.path.join(os.path.dirname(repo), "shared"), os.environ.get("CLEANER_DATA"),
-             os.environ.get("CLEANER_CACHE"), os.path.join(os.path.expanduser("~"), ".cache", "cleaner"), *extra]
-    return sorted({os.path.realpath(p) for p in cands if p and os.path.isdir(p)} - {"/", "/tmp", "/usr", "/etc"})
-
-
 def _bwrap_argv(scratch_mb: int, hide: list = ()) -> list | None:
     """The bwrap prefix for a zygote, or None when bwrap is missing or cannot create namespaces here."""
     exe = shutil.which("bwrap")
@@ -538,6 +664,11 @@ def _bwrap_argv(scratch_mb: int, hide: list = ()) -> list | None:
             "--size", str(scratch_mb << 20), "--tmpfs", "/tmp", "--chdir", "/tmp",
             # multiprocessing needs a writable /dev/shm; wiped after every execution
             "--perms", "1777", "--size", str(64 << 20), "--tmpfs", "/dev/shm"]
+    # The host's other world-writable folders (files left for later executions) and its sockets (/run):
+    # empty, and writable by root only.
+    covered = [p for p in ("/var/tmp", "/run", "/var/crash") if os.path.isdir(p) and not os.path.islink(p)]
+    for path in covered:
+        argv += ["--size", str(16 << 20), "--tmpfs", path]
     # Python may live below a directory an unprivileged uid cannot enter (pyenv in /root): hide the
     # rest of that directory behind an empty tmpfs and re-expose the interpreter read-only.
     # The hidden folders become empty; what the zygote needs below them (a venv in the checkout, this file
@@ -546,7 +677,7 @@ def _bwrap_argv(scratch_mb: int, hide: list = ()) -> list | None:
         argv += ["--tmpfs", path]
     needed = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
               os.path.dirname(os.path.realpath(sys.executable)), os.path.realpath(THIS_FILE)}
-    masked, bound = {"/tmp", *hide}, []  # the private /tmp hides a checkout or venv living there, too
+    masked, bound = {"/tmp", *covered, *hide}, []  # the private /tmp hides a checkout or venv living there, too
     for path in sorted({os.path.realpath(p) for p in needed}):
         if any(path.startswith(b + "/") for b in bound):
             continue
@@ -590,11 +721,13 @@ def _stop_worker(w: _Worker, grace_s: float) -> None:
     proc.stdout.close()
 
 
-def _shutdown(workers: list, root: str | None, executor: ThreadPoolExecutor) -> None:
+def _shutdown(workers: list, root: str | None, executor: ThreadPoolExecutor, uids: range | None) -> None:
     for w in workers:
         _stop_worker(w, grace_s=5.0)
     if root is not None:
         _rmtree(root)
+    if uids is not None:  # a zygote killed before it could clean up (without bwrap: the host's IPC namespace)
+        _remove_ipc(uids)
     executor.shutdown(wait=False)
 
 
@@ -653,7 +786,7 @@ def _kill_tree(root: int) -> None:
 
 
 # -----------------------------------------------------------------------------
-# Zygote side: runs in the clean interpreter started by Sandbox._spawn, never in the trainer.
+# Zygote side: runs in the clean interpreter started by _Pool._spawn, never in the trainer.
 
 _libc = ctypes.CDLL(None, use_errno=True)
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, PR_SET_CHILD_SUBREAPER = 1, 4, 38, 22, 36
@@ -665,30 +798,50 @@ def _prctl(option: int, arg: int) -> None:
         raise OSError(ctypes.get_errno(), f"prctl({option}) failed")
 
 
+_ARCHES = {"x86_64": (0xC000003E, 0), "aarch64": (0xC00000B7, 1)}  # AUDIT_ARCH_*, column above
+NR_CLONE, NR_CLONE3 = {"x86_64": 56, "aarch64": 220}, 435
+NR_SETSOCKOPT, NR_SENDTO = {"x86_64": 54, "aarch64": 208}, {"x86_64": 44, "aarch64": 206}
+CLONE_NAMESPACES = 0x7E020000  # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
+SO_PASSCRED, SO_PASSPIDFD = 16, 76
+
+
 def _seccomp_program() -> bytes | None:
-    """A BPF filter refusing socket() for all families but AF_UNIX, io_uring and foreign ABIs."""
-    arch = {"x86_64": (0xC000003E, 41), "aarch64": (0xC00000B7, 198)}.get(os.uname().machine)
-    if arch is None:
+    """The BPF filter of _REFUSED_SYSCALLS; it also refuses every 32-bit and x32 syscall (a second ABI
+    with other numbers). None on an architecture we have no numbers for."""
+    machine = os.uname().machine
+    if machine not in _ARCHES:
         return None
-    audit_arch, nr_socket = arch
-    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
-    allow, eperm, eacces = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 13
-    prog = [
-        (ld, 0, 0, 4),               # 0: A = arch
-        (jeq, 1, 0, audit_arch),     # 1: native ABI -> 3
-        (ret, 0, 0, eperm),          # 2: 32-bit compat syscalls: refuse everything
-        (ld, 0, 0, 0),               # 3: A = syscall number
-        (jge, 0, 1, 0x40000000),     # 4: x32 ABI numbers -> 5
-        (ret, 0, 0, eperm),          # 5
-        (jeq, 0, 1, 425),            # 6: io_uring_setup (can open sockets) -> 7
-        (ret, 0, 0, eperm),          # 7
-        (jeq, 0, 3, nr_socket),      # 8: socket -> 9, else allow
-        (ld, 0, 0, 16),              # 9: A = low word of args[0], the family
-        (jeq, 1, 0, socket.AF_UNIX), # 10: AF_UNIX -> allow
-        (ret, 0, 0, eacces),         # 11
-        (ret, 0, 0, allow),          # 12
-    ]
-    return b"".join(struct.pack("HBBI", *ins) for ins in prog)
+    audit_arch, col = _ARCHES[machine]
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    allow, eperm, enosys = 0x7FFF0000, 0x00050000 | errno.EPERM, 0x00050000 | errno.ENOSYS
+    arg = lambda i: 16 + 8 * i  # the low 32 bits of args[i] in struct seccomp_data (little-endian)
+    # (code, k, jump-if-true label, jump-if-false label); a label is resolved to an offset below
+    prog = [(ld, 4, None, None), (jeq, audit_arch, "nr", "eperm"),
+            ("nr", None, None, None), (ld, 0, None, None), (jge, 0x40000000, "eperm", None),  # x32
+            (jeq, NR_CLONE[machine], "clone", None), (jeq, NR_CLONE3, "enosys", None),
+            (jeq, NR_SETSOCKOPT[machine], "sockopt", None), (jeq, NR_SENDTO[machine], "sendto", None)]
+    prog += [(jeq, nrs[col], "eperm", None) for nrs in _REFUSED_SYSCALLS.values()]
+    prog += [(ret, allow, None, None),
+             ("clone", None, None, None), (ld, arg(0), None, None), (jset, CLONE_NAMESPACES, "eperm", "allow"),
+             ("sockopt", None, None, None), (ld, arg(1), None, None), (jeq, socket.SOL_SOCKET, None, "allow"),
+             (ld, arg(2), None, None), (jeq, SO_PASSCRED, "eperm", None), (jeq, SO_PASSPIDFD, "eperm", "allow"),
+             ("sendto", None, None, None), (ld, arg(4), None, None), (jeq, 0, None, "eperm"),  # dest_addr == NULL
+             (ld, arg(4) + 4, None, None), (jeq, 0, "allow", "eperm"),
+             ("allow", None, None, None), (ret, allow, None, None),
+             ("eperm", None, None, None), (ret, eperm, None, None),
+             ("enosys", None, None, None), (ret, enosys, None, None)]
+    labels, code = {}, []
+    for ins in prog:
+        if isinstance(ins[0], str):
+            labels[ins[0]] = len(code)
+        else:
+            code.append(ins)
+    out = b""
+    for i, (op, k, t, f) in enumerate(code):
+        jt, jf = (0 if x is None else labels[x] - i - 1 for x in (t, f))
+        assert 0 <= jt < 256 and 0 <= jf < 256
+        out += struct.pack("HBBI", op, jt, jf, k)
+    return out
 
 
 def _install_seccomp(program: bytes) -> None:
@@ -698,6 +851,91 @@ def _install_seccomp(program: bytes) -> None:
     prog = Prog(len(program) // 8, ctypes.addressof(buf))
     if _libc.prctl(PR_SET_SECCOMP, ctypes.c_ulong(2), ctypes.byref(prog), ctypes.c_ulong(0), ctypes.c_ulong(0)) != 0:
         raise OSError(ctypes.get_errno(), "seccomp filter refused")
+
+
+CLONE_NEWNS, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 0x20000, 0x2, 0x4, 0x8, 0x4000, 0x40000
+
+
+def _mount(source: str, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    enc = lambda s: None if s is None else s.encode()
+    if _libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)) != 0:
+        raise OSError(ctypes.get_errno(), f"mount {target} failed")
+
+
+def _mount_tmpfs(path: str, size: int, mode: int) -> None:
+    _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode={mode:o}")
+
+
+def _private_mounts(cfg: dict) -> bool:
+    """Root without bwrap: a mount namespace of this zygote's own, so that what bwrap hides is hidden here
+    too: the host's world-writable /tmp and /var/tmp (files the code could leave, memory outside its limit),
+    the sockets in /run, and the host's /dev/shm, replaced by size-capped tmpfs (/dev/shm is wiped after
+    every execution). Mounting nothing in the host's namespace: everything is private first."""
+    if _libc.unshare(CLONE_NEWNS) != 0:
+        return False
+    try:
+        _mount("none", "/", None, MS_REC | MS_PRIVATE)  # nothing mounted below reaches the host
+        for path, size, mode in (("/tmp", cfg["fsize"], 0o755), ("/var/tmp", 16 << 20, 0o755), ("/run", 16 << 20, 0o755),
+                                 ("/var/crash", 16 << 20, 0o755), ("/dev/shm", 64 << 20, 0o1777)):
+            if os.path.isdir(path) and not os.path.islink(path):
+                _mount_tmpfs(path, size, mode)
+    except OSError as e:
+        print(f"sandbox: private mounts failed ({e}); the code sees the host's /tmp, /var/tmp, /run, /dev/shm", file=sys.stderr)
+        return False
+    return True
+
+
+def _hide_pids() -> bool:
+    """In a mount namespace of our own: a new /proc (one instance per mount since Linux 5.8, so the
+    host's /proc keeps its options) with hidepid=invisible: the code sees only the processes of its own
+    uid, never the trainer's or another session's command lines. The zygote (root) still sees all."""
+    release = tuple(int(v) for v in os.uname().release.split("-")[0].split(".")[:2] if v.isdigit())
+    if release < (5, 8):  # an older kernel would change the options of the host's /proc itself
+        return False
+    try:
+        _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=invisible")
+    except OSError:
+        return False
+    return True
+
+
+IPC_RMID = 0
+
+
+def _remove_ipc(uids) -> int:
+    """Remove the SysV shared memory segments, semaphore sets and message queues that one of `uids` owns
+    or created (/proc/sysvipc lists those of our IPC namespace). The filter refuses to create them, so
+    this guards what the filter cannot (an architecture without one): they outlive a run and a session,
+    and a later execution of the same uid could read them. Returns how many were removed."""
+    removed = 0
+    for kind, rm in (("shm", lambda i: _libc.shmctl(i, IPC_RMID, None)), ("sem", lambda i: _libc.semctl(i, 0, IPC_RMID)),
+                     ("msg", lambda i: _libc.msgctl(i, IPC_RMID, None))):
+        try:
+            with open(f"/proc/sysvipc/{kind}") as f:
+                head, *rows = f.read().splitlines()
+        except (OSError, ValueError):
+            continue
+        cols = head.split()
+        uid_col, cuid_col = cols.index("uid"), cols.index("cuid")
+        for row in rows:
+            fields = row.split()
+            if int(fields[uid_col]) in uids or int(fields[cuid_col]) in uids:
+                removed += rm(int(fields[1])) == 0
+    return removed
+
+
+def _seccomp_works(program: bytes) -> bool:
+    """Whether this kernel takes the filter (a child tries), so that a kernel without seccomp loses the
+    layer, not every execution."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _prctl(PR_SET_NO_NEW_PRIVS, 1)
+            _install_seccomp(program)
+            os._exit(0)
+        except BaseException:
+            os._exit(1)
+    return os.waitpid(pid, 0)[1] == 0
 
 
 class _ParentGone(Exception):
@@ -712,6 +950,7 @@ class _Zygote:
     scratch: str  # the stateless scratch dir
     seccomp: bytes | None
     renice: bool  # may lower a session runner's nice value (CAP_SYS_NICE): its set-up runs in the background
+    private_shm: bool = False  # /dev/shm is our own tmpfs (bwrap, mountns): wiped after every execution
     sessions: dict = field(default_factory=dict)  # sid -> _Holder
     reaped: dict = field(default_factory=dict)  # pid -> wait status, for children reaped by sweeps
     dying: dict = field(default_factory=dict)  # pid -> start time: SIGKILLed, maybe still tearing down
@@ -756,19 +995,28 @@ def _zygote_main() -> None:
     cfg = _read_frame(req_fd)
     _prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of the code (setsid, double fork) come back to us
     layers = ["bwrap"] if cfg["bwrap"] else []
-    if not cfg["bwrap"] and cfg["use_netns"] and os.geteuid() == 0 and _libc.unshare(CLONE_NEWNET) == 0:
-        layers.append("netns")
-    seccomp = None
-    if not layers:
-        seccomp = _seccomp_program()
-        if seccomp is not None:
-            layers.append("seccomp")
+    if not cfg["bwrap"] and cfg["use_netns"] and os.geteuid() == 0:
+        if _libc.unshare(CLONE_NEWNET) == 0:
+            layers.append("netns")
+        if _private_mounts(cfg):
+            layers.append("mountns")
+    if (cfg["bwrap"] or "mountns" in layers) and _hide_pids():  # bwrap's mount namespace is ours already
+        layers.append("hidepid")
+    seccomp = _seccomp_program()
+    if seccomp is not None and _seccomp_works(seccomp):
+        layers.append("seccomp")
+    else:
+        seccomp = None
     uid = cfg["uid"] if cfg["uid"] is not None and os.geteuid() == 0 else None
     if uid is not None:
         layers.append("uid")
     layers += ["rlimits", "clean_env", "subreaper"]
+    os.makedirs(os.path.dirname(cfg["root"]), mode=0o711, exist_ok=True)  # the trainer's, unless mountns hid it
     os.makedirs(cfg["root"], mode=0o711, exist_ok=True)
-    z = _Zygote(cfg, req_fd, uid, os.path.join(cfg["root"], "run"), seccomp, _can_renice())
+    if "mountns" in layers and not any(cfg["root"].startswith(p + "/") for p in ("/tmp", "/var/tmp")):
+        _mount_tmpfs(cfg["root"], cfg["fsize"], 0o711)  # the scratch tree, capped, wherever the trainer's temp dir is
+    z = _Zygote(cfg, req_fd, uid, os.path.join(cfg["root"], "run"), seccomp, _can_renice(),
+                private_shm=cfg["bwrap"] or "mountns" in layers)
     _make_scratch(z.scratch, uid)
     _preload()
     gc.freeze()  # forks never walk (and so never copy) the preloaded heap in their collections
@@ -805,6 +1053,8 @@ def _zygote_main() -> None:
         for sid in list(z.sessions):
             _close_holder(z, sid)
         _sweep(z, set())
+        if uid is not None:
+            _remove_ipc({uid})
         if not cfg["bwrap"]:
             _rmtree(cfg["root"])
 
@@ -977,8 +1227,8 @@ def _rmtree(path: str) -> None:
 
 
 def _wipe_shm(z: _Zygote) -> None:
-    """Our own /dev/shm (bwrap) must not carry anything from one execution to the next."""
-    if not z.cfg["bwrap"]:
+    """Our own /dev/shm (bwrap, mountns) must not carry anything from one execution to the next."""
+    if not z.private_shm:
         return
     with os.scandir("/dev/shm") as it:
         for entry in it:
@@ -997,7 +1247,8 @@ def _pipes() -> tuple:
 
 
 def _enter_sandbox(z: _Zygote, uid: int | None, scratch: str) -> None:
-    """In a fresh child, before any model code: limits, uid, no_new_privs, seccomp, environment."""
+    """In a fresh child, before any model code: limits, uid, no_new_privs, environment (the filter
+    comes last, once the child's own set-up is done: _lock_down)."""
     os.chdir(scratch)
     os.environ.update(HOME=scratch, TMPDIR=scratch)
     tempfile.tempdir = scratch
@@ -1012,12 +1263,22 @@ def _enter_sandbox(z: _Zygote, uid: int | None, scratch: str) -> None:
         os.setgroups([])
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)
+        # Changing uid cleared "dumpable", which hands /proc/<pid> to root: with hidepid the code would not
+        # see its own children, and a session's _written_pages reads /proc/self/pagemap. A uid runs one
+        # execution (a slot's) or one session at a time, and the filter refuses ptrace: this opens nothing.
+        _prctl(PR_SET_DUMPABLE, 1)
     _prctl(PR_SET_NO_NEW_PRIVS, 1)  # setuid binaries cannot give privileges back
-    if z.seccomp is not None:
-        _install_seccomp(z.seccomp)
     seed = int.from_bytes(os.urandom(4), "little")  # forks share the zygote's RNG state: reseed both
     random.seed(seed)
     sys.modules["numpy"].random.seed(seed)
+
+
+def _lock_down(z: _Zygote) -> None:
+    """The last step of a child's set-up, before it waits for code: the seccomp filter (see
+    _REFUSED_SYSCALLS). Installed once per process tree: a session's runners inherit their holder's, and
+    stacking one per cell would slow every syscall and hit the kernel's limit on filter length."""
+    if z.seccomp is not None:
+        _install_seccomp(z.seccomp)
 
 
 def _set_cpu_limit(timeout: float, hard: bool) -> None:
@@ -1043,14 +1304,21 @@ def _memfd(name: str, data: bytes) -> int:
     return fd
 
 
-def _take_request(payload: int) -> dict:
-    """In a waiting child: read the request the zygote sent (a memfd of JSON), and give the code its stdin."""
+def _request_fds(req: dict) -> list:
+    """In the zygote: the two fds a waiting child gets with "run", a memfd of the request as JSON and the
+    code's stdin (a memfd too, or /dev/null). Made here because the code's process may not make memfds."""
+    payload = _memfd("code", json.dumps({k: req.get(k) for k in ("code", "timeout", "echo", "cell", "nice")}).encode())
+    stdin = _memfd("stdin", req["stdin"].encode()) if req["stdin"] is not None else os.open(os.devnull, os.O_RDONLY)
+    return [payload, stdin]
+
+
+def _take_request(fds: list) -> dict:
+    """In a waiting child: read the request the zygote sent (_request_fds), and give the code its stdin."""
+    payload, stdin = fds
     with open(payload, "rb") as f:
         req = json.loads(f.read())
-    if req["stdin"] is not None:
-        fd = _memfd("stdin", req["stdin"].encode())
-        os.dup2(fd, 0)
-        os.close(fd)
+    os.dup2(stdin, 0)
+    os.close(stdin)
     return req
 
 
@@ -1088,6 +1356,8 @@ class _Spare:
 def _fork_spare(z: _Zygote) -> _Spare:
     """Fork the child of the next stateless run, which enters the sandbox and waits for its code,
     so that neither the fork nor the set-up sits between a request and the code."""
+    if z.uid is not None:
+        _remove_ipc({z.uid})  # what the slot's last run (or a dead zygote of ours) left: never seen by the next
     pairs = _pipes()
     ctl_z, ctl_c = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid = os.fork()
@@ -1105,10 +1375,11 @@ def _fork_spare(z: _Zygote) -> _Spare:
             _std_streams()
             ns = _fresh_main()
             ctl = socket.socket(fileno=4)
+            _lock_down(z)
             _copy_ahead(z.hot, ctl)
-            payload = _await_message(ctl, b"run", 1, None)[0]  # or leave, if the zygote lets us go
+            fds = _await_message(ctl, b"run", 2, None)  # or leave, if the zygote lets us go
             ctl.close()  # the code never sees the zygote's socket
-            req = _take_request(payload)
+            req = _take_request(fds)
             _set_cpu_limit(req["timeout"], hard=True)
         except BaseException:
             _internal_failure(3)
@@ -1135,18 +1406,18 @@ def _run_stateless(z: _Zygote, req: dict) -> dict:
     if spare is None:
         spare = _fork_spare(z)
     pid, pidfd, (out_r, err_r, res_r) = spare.pid, spare.pidfd, spare.pipes
-    payload = _memfd("code", json.dumps({"code": req["code"], "timeout": req["timeout"], "stdin": req["stdin"],
-                                         "echo": bool(req.get("echo"))}).encode())
+    fds = _request_fds(dict(req, echo=bool(req.get("echo"))))
     state = None
     try:
         try:
             if z.renice:
                 _setpriority(pid, 0)
-            socket.send_fds(spare.ctl, [b"run"], [payload])
+            socket.send_fds(spare.ctl, [b"run"], fds)
         except OSError as e:  # it never got the code: the sandbox failed, not the code
             raise RuntimeError(f"the waiting child did not take the code ({e})") from None
         finally:
-            os.close(payload)
+            for fd in fds:
+                os.close(fd)
             spare.ctl.close()
         state = _supervise(z, out_r, err_r, res_r, t0 + req["timeout"], pidfd)
     finally:
@@ -1211,12 +1482,10 @@ def _supervise(z: _Zygote, out_r: int, err_r: int, res_r: int, deadline: float, 
                     child_exit_seen = time.monotonic()
                     _signal(h.pid, signal.SIGCONT)  # the holder waitpid()s the runner and reports the status
             elif ctl is not None and fd == ctl.fileno():
-                for kind, pid, value in _read_ctl(ctl):
+                for kind, pid, value in _read_ctl(ctl, deadline=deadline):
                     if kind == "status" and pid == runner:
                         state["status"] = value
                         state["reason"] = "exited"
-                    elif kind == "written" and pid == runner:
-                        state["written"] = True
                     elif kind == "eof":
                         poller.unregister(fd)
             elif _pump(fd, out_r, err_r, res_r, state) is None:
@@ -1264,13 +1533,16 @@ def _frame_complete(buf: bytearray) -> dict | None:
     return frame if isinstance(frame, dict) else {"kind": "garbled"}
 
 
-def _read_ctl(ctl: socket.socket, most: int = 256) -> list:
+def _read_ctl(ctl: socket.socket, most: int = 256, deadline: float | None = None) -> list:
     """Pending messages from a session's holder, parsed: [(kind, pid, value)]. They are untrusted
-    (the holder ran earlier cells), so the zygote checks every pid against /proc before use. At most
-    `most` a call: a cell's processes share the socket, and a flood of them must not keep the zygote
-    here past the cell's deadline (the rest waits for the next call)."""
+    (the holder ran earlier cells, and threads they left run in it), so the zygote checks every pid
+    against /proc before use. At most `most` a call, and none past `deadline`: a flood must not keep the
+    zygote here past a cell's deadline (the rest waits for the next call). Cells and what they fork
+    never hold this socket (see _send_go); threads left in a holder by earlier cells do."""
     out = []
-    for _ in range(most):
+    for i in range(most):
+        if deadline is not None and i % 16 == 15 and time.monotonic() > deadline:
+            return out
         try:
             msg = ctl.recv(128)
         except (BlockingIOError, ConnectionError):
@@ -1297,6 +1569,8 @@ def _proc_entry(pid: int) -> tuple | None:
 
 
 def _verdict(z: _Zygote, state: dict) -> dict:
+    """The answer to the trainer: the streams, and how the code ended, from what the zygote saw (a flood, the
+    deadline, the exit status) or else from the child's own report, checked (_checked)."""
     stdout, cut_out = state["out"].render()
     stderr, cut_err = state["err"].render()
     resp = {"stdout": stdout, "stderr": stderr, "cut": cut_out + cut_err, "duration": round(state["duration"], 6)}
@@ -1307,40 +1581,74 @@ def _verdict(z: _Zygote, state: dict) -> dict:
     elif state["reason"] == "timeout":
         resp["kind"] = "timeout"
     elif frame is not None and frame.get("kind") in ("none", "exception", "syntax", "memory", "sandbox_internal"):
-        # The frame comes from the code's process, so it may be forged: keep plain values, cut long text.
-        resp.update({k: _cut(v, z.cfg["keep"]) if isinstance(v, str) else v for k, v in frame.items()
-                     if k in ("kind", "exception_type", "traceback", "error_line", "line", "message", "detail")})
-        resp = {k: v for k, v in resp.items() if isinstance(v, (str, int, float)) or v is None}
-        if resp.get("kind") == "sandbox_internal":
+        resp.update(_checked(frame))
+        if resp["kind"] == "sandbox_internal":
             # ours only before the code starts, but the code can write this frame too: never run it again
             resp["retry"] = False
     elif status is not None and os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGXCPU:
         resp["kind"] = "timeout"  # the CPU rlimit fired before the wall clock
     elif status is not None and os.WIFSIGNALED(status):
-        resp.update(kind="crash", detail=f"the process was killed by signal {_signal_name(os.WTERMSIG(status))}")
+        resp.update(kind="crash", signal=os.WTERMSIG(status))
     elif status is not None and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
         resp["kind"] = "none"  # os._exit(0): a clean exit, as for a script
     elif status is not None and os.WIFEXITED(status):
-        resp.update(kind="crash", detail=f"the process exited with status {os.WEXITSTATUS(status)} before the code finished")
+        resp.update(kind="crash", exit_status=os.WEXITSTATUS(status))
     else:
-        resp.update(kind="crash", detail="the process died before the code finished")
+        resp["kind"] = "crash"  # it died before the code finished, how is not known
     return resp
 
 
-def _signal_name(sig: int) -> str:
-    """"SIGKILL (killed)"; real-time and unknown signals too (signal.Signals(40) raises)."""
-    try:
-        name = signal.Signals(sig).name
-    except ValueError:
-        name = f"signal {sig}"
-    what = signal.strsignal(sig)
-    return f"{name} ({what.lower()})" if what else name
+def _checked(report: dict) -> dict:
+    """The child's report (_exec_code) as the zygote passes it on. It comes from the code's own process, so it
+    may be forged: only the known fields, each of its type, every text bounded (TEXT_MAX, _bounded) and valid
+    UTF-8. A forged report can lie about its own execution, and only within these bounds."""
+    out = {"kind": report["kind"]}
+    for key in ("exception_cut", "frames_omitted", "line"):
+        if _count(report.get(key)) is not None:
+            out[key] = report[key]
+    for key in ("exception_type", "message", "detail"):
+        if isinstance(report.get(key), str):
+            out[key] = _utf8(report[key][:TEXT_MAX])
+    if isinstance(report.get("exception_text"), str):
+        text, cut = _clip(report["exception_text"], TEXT_MAX)
+        out["exception_text"], out["exception_cut"] = _utf8(text), out.get("exception_cut", 0) + cut
+    frames = report.get("frames")
+    if isinstance(frames, list):
+        frames = [[_utf8(f[0]), f[1], _utf8(f[2]), _utf8(f[3]), f[4]] for f in frames[:MAX_FRAMES]
+                  if isinstance(f, list) and len(f) == 5 and all(isinstance(f[i], str) for i in (0, 2, 3))
+                  and (f[1] is None or _count(f[1]) is not None) and _count(f[4]) is not None]
+        out["frames"] = _bounded(frames)[0]
+    return out
 
 
-def _cut(text: str, keep: int) -> str:
+def _bounded(frames: list) -> tuple:
+    """Frames [filename, lineno, name, line, repeats] within a report's bounds, and how many were left out: at
+    most MAX_FRAMES (the first and the last half), names of NAME_MAX characters, source lines of TEXT_MAX and
+    of FRAME_LINES_MAX together (past it, each line is cut to an equal share)."""
+    omitted = max(len(frames) - MAX_FRAMES, 0)
+    if omitted:
+        frames = frames[:MAX_FRAMES // 2] + frames[len(frames) - MAX_FRAMES // 2:]
+    frames = [[f[0][:NAME_MAX], f[1], f[2][:NAME_MAX], f[3][:TEXT_MAX], f[4]] for f in frames]
+    if sum(len(f[3]) for f in frames) > FRAME_LINES_MAX:
+        for f in frames:
+            f[3] = f[3][:FRAME_LINES_MAX // len(frames)]
+    return frames, omitted
+
+
+def _count(v) -> int | None:
+    """v when it is a plain int in [0, 2**62), else None."""
+    return v if type(v) is int and 0 <= v < 1 << 62 else None
+
+
+def _utf8(text: str) -> str:
+    return text.encode("utf-8", "replace").decode()  # a lone surrogate (from os.fsdecode, say) becomes "?"
+
+
+def _clip(text: str, keep: int) -> tuple:
+    """(text, 0), or its first and last keep // 2 characters and how many were dropped between them."""
     if len(text) <= keep:
-        return text
-    return f"{text[:keep // 2]}\n... [{len(text) - keep} chars cut] ...\n{text[len(text) - keep // 2:]}"
+        return text, 0
+    return text[:keep // 2] + text[len(text) - keep // 2:], len(text) - keep // 2 * 2
 
 
 def _reap(z: _Zygote) -> bool:
@@ -1409,10 +1717,13 @@ def _sweep(z: _Zygote, keep: set, keep_children_of: set = frozenset()) -> None:
 # A session is a holder process H, the checkpoint that holds the namespace, and a runner R, a fork
 # of H made ahead of time that waits for the next cell. Everything a cell needs that does not
 # depend on its code is done before it arrives, while the model generates: the zygote hands H the
-# cell's output pipes ("go"), H forks R, R points its stdout and stderr at them and copies ahead
-# the pages the last cell wrote, and the zygote checks R (its parent is H) and opens a pidfd on it.
-# A request then costs one message. R runs the cell. To commit it the zygote kills H and R becomes
-# the holder; to roll back the zygote kills R and H is untouched. Either way, once the answer is
+# cell's output pipes and R's own socket ("go"), H forks R, R closes H's socket, points its stdout and
+# stderr at the pipes and copies ahead the pages the last cell wrote, and the zygote checks R (its
+# parent is H) and opens a pidfd on it. A request then costs one message, on R's socket, which only
+# the zygote can write to: the cell and its forks cannot reach the zygote but through their pipes.
+# R runs the cell. To commit it the zygote kills the cell's forks, hands R a control socket of its
+# own ("ctl"), kills H, and R becomes the holder; to roll back the zygote kills R and H is untouched.
+# Either way, once the answer is
 # sent, the zygote sweeps the cell's leftovers and says "go" again. Idle holders stop themselves,
 # so their threads do not run. H and R are as untrusted as the code (they ran it), so the zygote
 # checks everything they say, and a session they break only fails its own later cells.
@@ -1420,18 +1731,22 @@ def _sweep(z: _Zygote, keep: set, keep_children_of: set = frozenset()) -> None:
 @dataclass
 class _Holder:
     pid: int
-    ctl: socket.socket
+    ctl: socket.socket  # the holder's control socket (the zygote's end)
     scratch: str
     rollback: bool
+    uid: int | None
     cells: int = 0
     runner: int | None = None  # the runner waiting for the next cell, checked to be the holder's child
     pidfd: int | None = None  # the runner's
     pipes: tuple | None = None  # (out_r, err_r, res_r) of the next cell; the runner holds the write ends
+    run: socket.socket | None = None  # the runner's own socket, on which the zygote only sends (see _send_go)
 
     def drop_runner(self) -> None:
         for fd in ([self.pidfd] if self.pidfd is not None else []) + list(self.pipes or ()):
             os.close(fd)
-        self.runner = self.pidfd = self.pipes = None
+        if self.run is not None:
+            self.run.close()
+        self.runner = self.pidfd = self.pipes = self.run = None
 
 
 def _holder_alive(z: _Zygote, h: _Holder) -> bool:
@@ -1448,6 +1763,8 @@ def _holder_alive(z: _Zygote, h: _Holder) -> bool:
 
 def _open_holder(z: _Zygote, sid: int, uid: int | None, rollback: bool) -> _Holder:
     uid = uid if z.uid is not None else None
+    if uid is not None:
+        _remove_ipc({uid})  # a recycled uid: nothing of the session that had it may reach this one
     scratch = os.path.join(z.cfg["root"], f"s{sid}")
     _make_scratch(scratch, uid)
     ctl_z, ctl_h = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -1464,20 +1781,18 @@ def _open_holder(z: _Zygote, sid: int, uid: int | None, rollback: bool) -> _Hold
             os.closerange(4, 1 << 16)
             ctl = socket.socket(fileno=3)
             _enter_sandbox(z, uid, scratch)
-            # Changing uid cleared "dumpable", which hands /proc/self to root; _written_pages reads
-            # /proc/self/pagemap. The session's processes are the only ones with its uid.
-            _prctl(PR_SET_DUMPABLE, 1)
             if z.renice:  # the zygote sets each runner back to 0 when its cell arrives
                 os.setpriority(os.PRIO_PROCESS, 0, BACKGROUND_NICE)
             ns = _fresh_main()
             gc.freeze()
+            _lock_down(z)
         except BaseException:
             os._exit(121)
         _holder_loop(ctl, ns)
         os._exit(0)
     ctl_h.close()
     ctl_z.setblocking(False)
-    return _Holder(pid, ctl_z, scratch, rollback)
+    return _Holder(pid, ctl_z, scratch, rollback, uid)
 
 
 def _holder_loop(ctl: socket.socket, ns: dict) -> None:
@@ -1494,17 +1809,23 @@ def _holder_loop(ctl: socket.socket, ns: dict) -> None:
                 pass
         except ChildProcessError:
             pass
-        pipes = _await_message(ctl, b"go", 3, parent)  # the next cell's stdout, stderr and result pipes
+        # The next cell's stdout, stderr and result pipes, and the runner's own socket (_send_go)
+        pipes = _await_message(ctl, b"go", 4, parent)
         holder = os.getpid()
         pid = os.fork()
         if pid == 0:
             parent = holder
-            user_hup, nice = _runner(ctl, ns, holder, user_hup, written, pipes)
+            ctl.close()  # the cell never holds the holder's socket: what it forks cannot write to the zygote
+            user_hup, nice, run = _runner(ns, holder, user_hup, written, pipes)
             _setpriority(0, nice)  # back in the background (raising it is always allowed)
             gc.freeze()  # if committed, later cells' collections skip this state, as in the zygote
             # Committed or not, list what the cell wrote while our holder lives (the zygote waits
             # for this line before it kills the holder); rolled back, we are killed meanwhile.
             written = _written_pages()
+            # Committed, the zygote first kills what the cell forked, then hands this process (the next
+            # holder) a control socket of its own on the runner's socket, which only it may write to.
+            ctl = socket.socket(fileno=_await_message(run, b"ctl", 1, parent)[0])
+            run.close()
             try:
                 ctl.send(f"written {os.getpid()} {len(written)}".encode())
             except OSError:
@@ -1541,10 +1862,11 @@ def _orphaned(holder: int | None) -> None:
     os._exit(0)
 
 
-def _runner(ctl: socket.socket, ns: dict, holder: int, user_hup, written: list, pipes: list):
+def _runner(ns: dict, holder: int, user_hup, written: list, pipes: list):
     """Get ready for a cell, wait for it, run it in `ns`, report it. Returns the code's SIGHUP
-    disposition and the nice value of the background."""
-    out_w, err_w, res_w = pipes
+    disposition, the nice value of the background and the runner's own socket (receive-only)."""
+    out_w, err_w, res_w, run_fd = pipes
+    run = socket.socket(fileno=run_fd)
     try:
         os.setpgid(0, 0)  # so a rollback kills the cell and its forks with one killpg
         for i, fd in enumerate((os.open(os.devnull, os.O_RDONLY), out_w, err_w)):
@@ -1553,17 +1875,17 @@ def _runner(ctl: socket.socket, ns: dict, holder: int, user_hup, written: list, 
         _std_streams()
     except BaseException:
         _internal_failure(res_w)
-    _copy_ahead(written, ctl)
-    payload = _await_message(ctl, b"run", 1, holder)[0]
+    _copy_ahead(written, run)
+    fds = _await_message(run, b"run", 2, holder)
     try:
-        req = _take_request(payload)
+        req = _take_request(fds)
         _set_cpu_limit(req["timeout"], hard=False)
         signal.signal(signal.SIGHUP, user_hup)
     except BaseException:
         _internal_failure(res_w)
     _exec_code(req["code"], ns, f"<cell {req['cell']}>", echo=True, res_fd=res_w)
     os.close(res_w)
-    return signal.signal(signal.SIGHUP, signal.SIG_IGN), req["nice"]
+    return signal.signal(signal.SIGHUP, signal.SIG_IGN), req["nice"], run
 
 
 def _arm(z: _Zygote, h: _Holder, deadline: float) -> bool | None:
@@ -1580,15 +1902,23 @@ def _send_go(h: _Holder) -> bool:
     if any(kind == "eof" for kind, _, _ in _read_ctl(h.ctl)):
         return False  # every process of the session is gone
     pairs = _pipes()
+    # The runner's own socket: the zygote sends the cell on it and, once the cell is committed, the
+    # runner's control socket as the next holder. Shut for reading on our side, it is shut for writing
+    # on the runner's, for good: the cell and what it forks hold it, and can never write to us with it.
+    run, run_r = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    run.shutdown(socket.SHUT_RD)
     try:
-        socket.send_fds(h.ctl, [b"go"], [w for _, w in pairs])
+        socket.send_fds(h.ctl, [b"go"], [w for _, w in pairs] + [run_r.fileno()])
     except OSError:
         for fd in itertools.chain(*pairs):
             os.close(fd)
+        run.close()
         return False
+    finally:
+        run_r.close()
     for _, w in pairs:
         os.close(w)
-    h.pipes = tuple(r for r, _ in pairs)
+    h.pipes, h.run = tuple(r for r, _ in pairs), run
     return True
 
 
@@ -1597,7 +1927,7 @@ def _await_runner(z: _Zygote, h: _Holder, deadline: float) -> bool | None:
     be its child, and watched through a pidfd from then on. True when ready, False when every
     process of the session is gone, None at the deadline."""
     while True:
-        for kind, pid, _ in _read_ctl(h.ctl):
+        for kind, pid, _ in _read_ctl(h.ctl, deadline=deadline):
             if kind == "eof":  # every process of the session is gone
                 return False
             if kind != "runner" or h.pidfd is not None:
@@ -1640,12 +1970,12 @@ def _runner_ready(h: _Holder) -> bool:
 
 
 def _run_cell(z: _Zygote, req: dict) -> dict:
-    h, note, lost = z.sessions.get(req["sid"]), None, False
+    h, state_lost, lost = z.sessions.get(req["sid"]), None, False
     t0 = time.monotonic()
     for _ in range(2):
         if h is not None and not _holder_alive(z, h):
             _close_holder(z, req["sid"])
-            h, note = None, "the session's process had died and its state was lost; this cell ran in an empty namespace"
+            h, state_lost = None, "holder_died"
         if h is None:
             h = z.sessions[req["sid"]] = _open_holder(z, req["sid"], req["uid"], req["rollback"])
         ready = _runner_ready(h)
@@ -1658,27 +1988,28 @@ def _run_cell(z: _Zygote, req: dict) -> dict:
         if ready is not False:
             break
         _close_holder(z, req["sid"])  # gone, though one of its processes was still exiting when we looked
-        h, note = None, "the session's process had died and its state was lost; this cell ran in an empty namespace"
+        h, state_lost = None, "holder_died"
     if not ready:  # earlier cells broke the holder (do not let it hang every cell), or a new one died at once
         _close_holder(z, req["sid"])
         state = _new_state(z)
         state.update(reason="timeout", duration=time.monotonic() - t0)
         resp = _verdict(z, state)
-        resp["note"] = "the session's process stopped responding; its state was lost and the next cell starts from an empty namespace"
+        resp["state_lost"] = "holder_hung"
         return resp
     h.cells += 1
-    runner, pidfd, (out_r, err_r, res_r) = h.runner, h.pidfd, h.pipes
-    h.runner = h.pidfd = h.pipes = None
-    payload = _memfd("cell", json.dumps({"code": req["code"], "timeout": req["timeout"], "stdin": req["stdin"],
-                                         "cell": h.cells, "nice": BACKGROUND_NICE if z.renice else 0}).encode())
+    runner, pidfd, (out_r, err_r, res_r), run = h.runner, h.pidfd, h.pipes, h.run
+    h.runner = h.pidfd = h.pipes = h.run = None
+    fds = _request_fds(dict(req, cell=h.cells, nice=BACKGROUND_NICE if z.renice else 0))
     state = None
+    old = h.pid
     try:
         try:
             if z.renice:  # the cell runs at the normal priority, ahead of background work
                 _setpriority(runner, 0)
-            socket.send_fds(h.ctl, [b"run"], [payload])
+            socket.send_fds(run, [b"run"], fds)
         finally:
-            os.close(payload)
+            for fd in fds:
+                os.close(fd)
         state = _supervise(z, out_r, err_r, res_r, t0 + req["timeout"], pidfd, h=h, runner=runner)
     finally:
         state = state or dict(_new_state(z), reason="exited")
@@ -1701,35 +2032,51 @@ def _run_cell(z: _Zygote, req: dict) -> dict:
             h.pid, committed = runner, True  # the cell killed its own checkpoint: this is the only state left
         else:
             lost = True
-            note = "the cell killed the session's process; its state was lost and the next cell starts from an empty namespace"
+            state_lost = "holder_killed"
         _drain(z, state, out_r, err_r, res_r)
         for fd in (out_r, err_r, res_r):
             os.close(fd)
         if lost:
             os.close(pidfd)
+            run.close()
             _close_holder(z, req["sid"])
         elif committed:  # the caller gets its answer first; the next runner is made ready after
             os.close(pidfd)
-            z.after = functools.partial(_settle_commit, z, h, state.get("written", False))
+            z.after = functools.partial(_settle_commit, z, h, old, run)
         else:
+            run.close()  # the runner is killed (a process with SIGKILL pending never sees the EOF)
             z.after = functools.partial(_settle_rollback, z, h, pidfd)
     resp = _verdict(z, state)
-    if note:
-        resp["note"] = note
+    if state_lost:
+        resp["state_lost"] = state_lost
     return resp
 
 
-def _settle_commit(z: _Zygote, h: _Holder, written: bool) -> None:
-    """After a committed cell's response: let the new holder list the pages its cell wrote (that
-    needs its old holder alive, see _written_pages), then kill the old holder and the cell's
-    leftovers (after a commit, the new holder's children are leftovers), and make the next runner
-    ready while the model generates."""
-    deadline = time.monotonic() + 0.25  # a hostile cell may never say it: then it only loses speed
+def _settle_commit(z: _Zygote, h: _Holder, old: int, run: socket.socket) -> None:
+    """After a committed cell's response: kill the cell's leftovers (after a commit, the new holder's
+    children are leftovers), then give the new holder its own control socket (on `run`, which those
+    leftovers shared), let it list the pages its cell wrote (that needs its old holder alive, see
+    _written_pages), then kill the old holder `old` and make the next runner ready while the model
+    generates."""
+    keep, keep_children_of = _spared(z)
+    _sweep(z, keep | {old}, keep_children_of)
+    ctl, ctl_h = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        socket.send_fds(run, [b"ctl"], [ctl_h.fileno()])
+    except OSError:
+        pass  # the new holder is gone: its socket reads as closed at once, and the next cell finds out
+    finally:
+        ctl_h.close()
+        run.close()
+    ctl.setblocking(False)
+    h.ctl.close()  # the old holder's: it is killed below
+    h.ctl = ctl
+    written, deadline = False, time.monotonic() + 0.25  # a hostile cell may never say it: then it only loses speed
     while not written and (wait := deadline - time.monotonic()) > 0:
         if select.select([h.ctl], [], [], wait)[0]:
-            for kind, pid, _ in _read_ctl(h.ctl):
+            for kind, pid, _ in _read_ctl(h.ctl, deadline=deadline):
                 written = written or kind == "eof" or (kind == "written" and pid == h.pid)
-    _sweep(z, *_spared(z))  # the new holder's children are the cell's leftovers
+    _sweep(z, *_spared(z))
     _wipe_shm(z)
     _ready_next(z, h)
 
@@ -1762,6 +2109,8 @@ def _close_holder(z: _Zygote, sid: int) -> dict:
         h.ctl.close()
         _sweep(z, *_spared(z))
         _wipe_shm(z)
+        if h.uid is not None:
+            _remove_ipc({h.uid})  # before the trainer gives the uid to another session
         _rmtree(h.scratch)
     return {"kind": "none"}
 
@@ -1828,7 +2177,7 @@ def _copy_ahead(ranges: list, ctl: socket.socket) -> None:
 # ---- running the code itself (in the forked child)
 
 def _exec_code(code: str, ns: dict, filename: str, echo: bool, res_fd: int) -> None:
-    """Compile and run `code` in `ns`, then report to the zygote on res_fd."""
+    """Compile and run `code` in `ns`, then report to the zygote on res_fd: how it ended, as facts (_report)."""
     me = os.getpid()
     reserve = bytearray(1 << 16)  # freed on MemoryError so the report itself can be built
     result = {"kind": "none"}
@@ -1842,9 +2191,7 @@ def _exec_code(code: str, ns: dict, filename: str, echo: bool, res_fd: int) -> N
     except (SyntaxError, ValueError) as e:
         if isinstance(e, ValueError):  # e.g. null bytes in the source
             e = SyntaxError(str(e))
-        msg = "".join(traceback.format_exception_only(type(e), e)).rstrip()
-        result = {"kind": "syntax", "exception_type": type(e).__name__, "traceback": msg,
-                  "error_line": msg.splitlines()[-1].strip()}
+        result = _report(e, "syntax")
     else:
         try:
             exec(body, ns)
@@ -1854,15 +2201,15 @@ def _exec_code(code: str, ns: dict, filename: str, echo: bool, res_fd: int) -> N
                     print(repr(value))
         except SystemExit as e:
             if e.code not in (None, 0):
-                result = _describe(e)
+                result = _report(e)
         except MemoryError as e:
             del reserve
-            result = {"kind": "memory", "exception_type": type(e).__name__, "message": str(e)[:300]}
+            result = {"kind": "memory", "exception_type": type(e).__name__, "message": str(e)[:TEXT_MAX]}
             cell_frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == filename]
             if cell_frames:
                 result["line"] = cell_frames[-1].lineno
         except BaseException as e:
-            result = _describe(e)
+            result = _report(e)
     if os.getpid() != me:
         # A fork made by the code came back here: like a script's child, it just exits.
         _flush_streams()
@@ -1882,36 +2229,31 @@ def _flush_streams() -> None:
             pass
 
 
-def _describe(e: BaseException) -> dict:
-    """The compact, model-facing traceback: frames of the cell, the innermost library frame with a
-    short path, repeated frames collapsed, about 20 lines at most."""
-    frames = traceback.StackSummary.extract(traceback.walk_tb(e.__traceback__), lookup_lines=False)[1:]
-    kept = [f for i, f in enumerate(frames) if f.filename.startswith("<cell") or i == len(frames) - 1]
-    lines = ["Traceback (most recent call last):"]
-    i = 0
-    while i < len(kept):
-        f, j = kept[i], i + 1
-        while j < len(kept) and (kept[j].filename, kept[j].lineno, kept[j].name) == (f.filename, f.lineno, f.name):
-            j += 1
-        lines.append(f'  File "{_short_path(f.filename)}", line {f.lineno}, in {f.name}')
-        if f.line:
-            lines.append(f"    {f.line.strip()}")
-        if j - i > 1:
-            lines.append(f"  [Previous line repeated {j - i - 1} more times]")
-        i = j
-    if len(lines) > 17:
-        lines = lines[:7] + [f"  ... ({len(lines) - 16} lines omitted)"] + lines[-9:]
+def _report(e: BaseException, kind: str = "exception") -> dict:
+    """An exception the code raised, as facts: its type, Python's own text for it, and the frames of the code
+    and the innermost library frame (with a short path), never this file's. A run of the same frame
+    (recursion) is one frame with a count. Within the bounds the zygote enforces (_clip, _bounded). A syntax
+    error has no frames (it comes from compiling the code, not running it)."""
     try:
-        exc = "".join(traceback.format_exception_only(type(e), e)).rstrip()
+        text = "".join(traceback.format_exception_only(type(e), e)).rstrip()
     except Exception:
-        exc = type(e).__name__
-    if len(exc) > 2000:
-        exc = exc[:1000] + f" ... [{len(exc) - 2000} chars cut] ... " + exc[-1000:]
-    if len(lines) == 1:
-        lines = []  # nothing of the cell to show (e.g. raised by our own echo)
-    text = "\n".join(lines + [exc]).encode("utf-8", "replace").decode()
-    return {"kind": "exception", "exception_type": type(e).__name__, "traceback": text,
-            "error_line": text.splitlines()[-1] if text else type(e).__name__}
+        text = type(e).__name__
+    text, cut = _clip(text, TEXT_MAX)
+    out = {"kind": kind, "exception_type": type(e).__name__, "exception_text": text, "exception_cut": cut}
+    if kind == "syntax":
+        return out
+    summary = traceback.StackSummary.extract(traceback.walk_tb(e.__traceback__), lookup_lines=False)[1:]  # [0]: ours
+    frames = []
+    for i, f in enumerate(summary):
+        if not (f.filename.startswith("<cell") or i == len(summary) - 1):
+            continue
+        where = [_short_path(f.filename), f.lineno, f.name]
+        if frames and frames[-1][:3] == where:
+            frames[-1][4] += 1
+        else:
+            frames.append(where + [(f.line or "").strip(), 0])
+    out["frames"], out["frames_omitted"] = _bounded(frames)
+    return out
 
 
 def _short_path(path: str) -> str:

@@ -472,17 +472,17 @@ def evaluate(engine, tokenizer, *, tool_format: str, n: int, seed: int, max_turn
     from reward import grade_math
     from sandbox import Sandbox
     t0 = time.time()
-    problems = synth.make_problems(n, seed + EVAL_SEED_OFFSET, difficulty="warmup")
-    prompts = [rollout.prompt_ids(tokenizer, p.problem, "math", tool_format) for p in problems]
+    problems = synth.make_problems(n, seed + EVAL_SEED_OFFSET, difficulty="warmup")  # task "math"
+    cfg = rollout.RolloutConfig(tool_format=tool_format, max_turns=2, max_turn_tokens=max_turn_tokens,
+                                max_response_tokens=4 * max_turn_tokens)
     with Sandbox(slots=2, timeout_s=4.0) as sb:
-        trajs = asyncio.run(rollout.rollout_batch(
-            engine, sb, tokenizer, prompts, seeds=[seed + i for i in range(n)], tool_format=tool_format,
-            max_turns=2, max_turn_tokens=max_turn_tokens, max_response_tokens=4 * max_turn_tokens))
+        trajs, finals = asyncio.run(rollout.rollout_and_grade(
+            engine, sb, tokenizer, problems, cfg, grade=lambda p, t: grade_math(t.final_text(tokenizer), p.answer),
+            seeds=[seed + i for i in range(n)]))
     first = [t.turns[0] if t.turns and t.turns[0]["turn"] == 0 else None for t in trajs]
     return dict(n=n, blocks=sum(c is not None and c["error_kind"] != "malformed" for c in first),
                 right=sum(c is not None and c["ok"] and _last_line(c["output"]) == p.answer for c, p in zip(first, problems)),
-                final=sum(grade_math(t.final_text(tokenizer), p.answer) for t, p in zip(trajs, problems)),
-                seconds=time.time() - t0, sample=trajs[0].text)
+                final=sum(finals), seconds=time.time() - t0, sample=trajs[0].text)
 
 
 def _evaluate_model(model, tokenizer, args: Args) -> dict:

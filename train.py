@@ -24,9 +24,9 @@ math reward reads the tail of the decoded response, tool output included); a run
 its folder (args, commit, diff, package versions, seed), and a checkpoint holds the RNG states and the
 data position, so --resume continues exactly. Where our default differs from the official code, a flag
 gives the official choice (--warmup-unit train, --agg verl-token-mean, --math-grader strict-box,
---tool-echo, --repair-json, --no-tool-cap-ends, --sim-eos); --faithful sets them all (FAITHFUL), the
-paper's scripts pass it, and the README's Departures table lists them. --dynamic-sampling (DAPO) is off,
-as in the paper.
+--tool-echo, --tool-header, --repair-json, --no-tool-cap-ends, --sim-eos); --faithful sets them all
+(FAITHFUL), the paper's scripts pass it, and the README's Departures table lists them.
+--dynamic-sampling (DAPO) is off, as in the paper.
 """
 from __future__ import annotations
 
@@ -116,6 +116,9 @@ class Args:
     """a persistent Python session per trajectory (the paper's tool is stateless)"""
     tool_echo: bool = False
     """a stateless call also prints the repr of its final bare expression when not None (the official tool)"""
+    tool_header: bool = False
+    """tool output headed by a success or failure line, its streams labelled, as the official tool lays it out
+    (rollout.headed_text)"""
     repair_json: bool = False
     """parse hermes calls with json_repair, as the official parser does (off: strict JSON, a broken call fails)"""
     engine: str = "hf"
@@ -168,6 +171,11 @@ class Args:
     train_layers: int = 12
     """train only the top N decoder layers and the final norm (0: all, as the paper); the frozen bottom gets no
     backward pass"""
+    lora_rank: int = 0
+    """LoRA adapters of this rank on the trained layers' linear weights instead of training the weights (0: off, as
+    the paper; peft): no weight gradients for the frozen weights, a tiny optimizer state"""
+    lora_alpha: float = 32.0
+    """LoRA scale numerator: the adapters' update is scaled by lora_alpha / lora_rank"""
     max_tokens_per_micro: int = 4096
     """token budget of one micro-batch"""
     packed: bool = True
@@ -236,7 +244,8 @@ class Args:
 
 # --faithful: the official code's (Open-CLEANER, veRL) choices where our defaults differ, in one place
 FAITHFUL = dict(warmup_unit="train", agg="verl-token-mean", math_grader="strict-box", tool_echo=True,
-                repair_json=True, tool_cap_ends=False, last_turn_calls=False, sim_eos=True, max_prompt_tokens=2560)
+                tool_header=True, repair_json=True, tool_cap_ends=False, last_turn_calls=False, sim_eos=True,
+                max_prompt_tokens=2560)
 
 
 SUMMED = {"loss", "dropped_groups", "saar_shallow", "saar_deep", "saar_given_up", "saar_answered", "saar_regen_tokens"}  # per-rank sums
@@ -300,6 +309,8 @@ def main(args: Args):
     templates = rollout.load_prompt_template(args.prompt_template) if args.prompt_template else None
     if args.math_grader not in reward.MATH_GRADERS:
         raise SystemExit(f"--math-grader must be one of {', '.join(reward.MATH_GRADERS)}, got {args.math_grader!r}")
+    if args.lora_rank < 0:
+        raise SystemExit(f"--lora-rank must be >= 0 (0: no adapters), got {args.lora_rank}")
     if args.warmup_unit not in ("optimizer", "train"):
         raise SystemExit(f"--warmup-unit must be optimizer or train, got {args.warmup_unit!r}")
     if args.eval_only and not args.eval_size:
@@ -332,6 +343,8 @@ def main(args: Args):
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
         policy = models.load_model(model_path, dtype=torch.float32).to("cpu" if args.offload else device)
         grpo.freeze_below(policy, args.train_layers)
+        if args.lora_rank:  # adapters before sharding, so FSDP2 shards them with their layer
+            grpo.add_lora(policy, args.lora_rank, args.lora_alpha, args.train_layers)
         kw = dict(mp_policy=MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32))
         if args.offload:
             kw["offload_policy"] = CPUOffloadPolicy()
@@ -341,6 +354,8 @@ def main(args: Args):
     else:  # one process: the weights live in --dtype (use torchrun, even with one GPU, for fp32 masters)
         policy = models.load_model(model_path, dtype=dtype).to(device)
         grpo.freeze_below(policy, args.train_layers)
+        if args.lora_rank:
+            grpo.add_lora(policy, args.lora_rank, args.lora_alpha, args.train_layers)
     # Which engine, in one visible place. On one process the HF engine reads the policy's own weights (no
     # copy, no sync); under FSDP it needs whole weights, so it gets its own copy, refreshed after each
     # update. SGLang (colocated, one engine per rank) holds its own weights and frees its memory during
@@ -355,6 +370,7 @@ def main(args: Args):
                                   max_batch=args.engine_batch, deterministic=args.deterministic, dtype=args.dtype,
                                   mem_fraction_static=args.sglang_mem_fraction, seed=args.seed,
                                   server_url=args.sglang_url or None)
+    lora_scale = args.lora_alpha / args.lora_rank if args.lora_rank else 0.0  # merged into engine copies and hf/
     ref = None
     if args.kl_coef > 0:
         ref = models.load_model(model_path, dtype=dtype).to(device).eval()
@@ -365,8 +381,9 @@ def main(args: Args):
     train_set = load_problems(args.train_data, seed=args.seed, n=None)
     if args.max_prompt_tokens and not args.eval_only:  # the official recipe drops long prompts at load time
         n_all = len(train_set)
-        train_set = [p for p in train_set if len(rollout.prompt_ids(
-            tokenizer, p.problem, p.task, args.tool_format, templates=templates)) <= args.max_prompt_tokens]
+        train_set = [p for p in train_set if len(rollout.prompt_ids(tokenizer, p.problem, p.task, args.tool_format,
+                                                                    templates=templates, meta=p.meta))
+                     <= args.max_prompt_tokens]
         if len(train_set) < n_all:
             log(f"data: dropped {n_all - len(train_set)} of {n_all} training problems whose prompt is longer than "
                 f"--max-prompt-tokens {args.max_prompt_tokens}")
@@ -376,6 +393,10 @@ def main(args: Args):
     eval_seed = args.seed + 10_007  # synth problems from another seed never repeat training ones
     eval_set = load_problems(args.eval_data, seed=eval_seed, n=args.eval_size)[:args.eval_size]
     order = np.random.default_rng(args.seed).permutation(len(train_set)).tolist()  # fixed data order
+
+    def grade(problem, traj) -> bool:  # right or wrong: the final turn's answer, by reward.py (training and eval)
+        return reward.grade(problem.task, traj.final_text(tokenizer), answer=problem.answer, tests=problem.tests,
+                            sandbox=sandbox, math_grader=args.math_grader)
 
     # ------------------------------------------------------------------ optimizer
     optimizer, scheduler = grpo.make_optimizer(policy, lr=args.lr, weight_decay=args.weight_decay,
@@ -395,7 +416,8 @@ def main(args: Args):
         max_turn_tokens=args.max_turn_tokens or None, max_tool_calls=args.max_tool_calls, cap_ends=args.tool_cap_ends,
         last_turn_calls=args.last_turn_calls,
         tool_output_chars=args.tool_output_chars, error_format=args.error_format, stateful=args.stateful,
-        echo=args.tool_echo, repair_json=args.repair_json, temperature=args.temperature, top_p=args.top_p,
+        echo=args.tool_echo, tool_header=args.tool_header, repair_json=args.repair_json,
+        temperature=args.temperature, top_p=args.top_p,
         saar_cfg=saar_cfg if args.saar else None, saar_p=args.rollback_p, eos_ids=(tokenizer.eos_token_id,))
     writer = _metric_writers(out, args) if master else None
     # each mini-batch's prompts are spread over the ranks, so N ranks take the same optimizer steps on the
@@ -406,7 +428,7 @@ def main(args: Args):
     # ------------------------------------------------------------------ the loop
     loop = asyncio.new_event_loop()
     eval_kw = dict(out_dir=out if master else None, saar_cfg=saar_cfg, roll_cfg=roll_cfg, templates=templates,
-                   rank=rank, world=world)
+                   grade=grade, rank=rank, world=world)
     # the held-out baseline, before any update; with --eval-only, the one evaluation of the run's current point
     if args.eval_size and ((start_step == 0 and args.steps > 0) or args.eval_only):
         ev = _evaluate(loop, eng, sandbox, tokenizer, eval_set, args, step=start_step, **eval_kw)
@@ -423,32 +445,21 @@ def main(args: Args):
         rounds, dropped, step_pos = 0, 0, data_pos
         while rounds < (args.max_sample_rounds if args.dynamic_sampling else 1):
             rounds += 1
-            t0 = time.perf_counter()
             groups_here = [data_pos + g for g in mine]  # data position: one round = prompts_per_step groups
             data_pos += args.prompts_per_step
             probs_r = [train_set[order[g % len(order)]] for g in groups_here]
-            prompts, seeds, metas_r = [], [], []
-            for g, pr in zip(groups_here, probs_r):
-                ids = rollout.prompt_ids(tokenizer, pr.problem, pr.task, args.tool_format, templates=templates)
-                for j in range(args.samples_per_prompt):
-                    prompts.append(ids)
-                    seeds.append(((args.seed * 1_000_003 + step) * 1_000_003 + g) * 1_000_003 + j)  # per trajectory
-                    metas_r.append(dict(problem_id=pr.id, group=g, sample=j))
-            trajs_r = loop.run_until_complete(rollout.rollout_batch(
-                eng, sandbox, tokenizer, prompts, roll_cfg, seeds=seeds, metas=metas_r, progress=master))
-            t["rollout"] += time.perf_counter() - t0
-
-            t0 = time.perf_counter()
-            probs_r = [p for p in probs_r for _ in range(args.samples_per_prompt)]  # one per trajectory
-            rewards_r, correct_r = [], []
-            for tr, pr in zip(trajs_r, probs_r):
-                ok = reward.grade(pr.task, tr.final_text(tokenizer), answer=pr.answer, tests=pr.tests,
-                                  sandbox=sandbox, math_grader=args.math_grader)
-                pen = overlong_penalty(len(tr.response_ids), args.max_response_tokens, args.overlong_buffer,
-                                       args.overlong_penalty)
-                correct_r.append(ok)
-                rewards_r.append((1.0 if ok else -1.0) + pen)  # the paper's outcome reward, +1/-1
-            t["reward"] += time.perf_counter() - t0
+            n = args.samples_per_prompt  # the group: n samples of each problem, seeded per trajectory
+            seeds = [((args.seed * 1_000_003 + step) * 1_000_003 + g) * 1_000_003 + j
+                     for g in groups_here for j in range(n)]
+            metas_r = [dict(problem_id=pr.id, group=g, sample=j)
+                       for g, pr in zip(groups_here, probs_r) for j in range(n)]
+            trajs_r, correct_r = loop.run_until_complete(rollout.rollout_and_grade(
+                eng, sandbox, tokenizer, probs_r, roll_cfg, grade=grade, n=n, seeds=seeds, metas=metas_r,
+                templates=templates, progress=master, times=t))
+            # the paper's outcome reward, +1/-1, with DAPO's soft penalty near the response budget
+            rewards_r = [(1.0 if ok else -1.0) + overlong_penalty(len(tr.response_ids), args.max_response_tokens,
+                                                                  args.overlong_buffer, args.overlong_penalty)
+                         for tr, ok in zip(trajs_r, correct_r)]
             seen += zip(trajs_r, rewards_r, correct_r)
             groups_r = [m["group"] for m in metas_r]
             signal = grpo.groups_with_signal(groups_r, correct_r) if args.dynamic_sampling else set(groups_r)
@@ -484,7 +495,7 @@ def main(args: Args):
         batch = []
         for tr, a in zip(trajs, adv.tolist()):
             isw = None if tr.is_weight is None else [1.0] * len(tr.prompt_ids) + tr.is_weight
-            batch.append(grpo.Trajectory(input_ids=tr.prompt_ids + tr.response_ids,
+            batch.append(grpo.TrainSeq(input_ids=tr.prompt_ids + tr.response_ids,
                                          loss_mask=[0] * len(tr.prompt_ids) + tr.loss_mask, advantage=a,
                                          is_weight=isw))
         t["reward"] += time.perf_counter() - t0
@@ -541,7 +552,7 @@ def main(args: Args):
         if args.engine == "sglang":
             eng.resume_memory()
         if gen_model is not policy:  # FSDP2 full tensors into the engine (it flushes its prefix cache)
-            eng.update_weights(_full_state(policy).items())
+            eng.update_weights(_full_state(policy, lora_scale).items())
         eng.flush_cache()  # stale KV from the old weights must never be reused
         t["sync"] = time.perf_counter() - t0
 
@@ -566,7 +577,7 @@ def main(args: Args):
         if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
             _save_checkpoint(ckpt_path, policy, optimizer, scheduler, scaler, step + 1, master, data_pos=data_pos)
     if args.steps > start_step and not args.eval_only:
-        _save_hf(os.path.join(out, "hf"), policy, tokenizer, master)
+        _save_hf(os.path.join(out, "hf"), policy, tokenizer, master, lora_scale)
     if master and args.eval_size:
         for line in _summary(out, args.steps):  # the held-out gain, start vs end, with its paired 95% CI
             log(line)
@@ -580,29 +591,27 @@ def main(args: Args):
 
 # ---------------------------------------------------------------------- helpers of the loop
 
-def _evaluate(loop, eng, sandbox, tokenizer, problems, args, *, step, out_dir, saar_cfg, roll_cfg, templates, rank,
-              world) -> dict:
+def _evaluate(loop, eng, sandbox, tokenizer, problems, args, *, step, out_dir, saar_cfg, roll_cfg, templates, grade,
+              rank, world) -> dict:
     """Held-out accuracy: greedy, and at the rollout temperature with --eval-sampled; test-time SAAR off, on or
     both (--eval-saar). Returns the metrics (with t_eval); every rank's per-problem records go to
     out/eval_step<step>.jsonl when out_dir is given (the master), which _summary reads."""
     import rollout
-    import reward
     import torch.distributed as dist
     t0 = time.perf_counter()
     mine = problems[rank::world]
     results, records = {}, []
-    prompts = [rollout.prompt_ids(tokenizer, p.problem, p.task, args.tool_format, templates=templates) for p in mine]
     temps = [("greedy", 0.0)] + ([("sampled", args.temperature)] if args.eval_sampled else [])
     # test-time SAAR off is eval_greedy, on is eval_greedy_saar, whatever the flag, so runs and their later
     # --eval-only calls line up
     modes = {"off": [("", None)], "on": [("_saar", saar_cfg)], "both": [("", None), ("_saar", saar_cfg)]}[args.eval_saar]
     for (name, temp), (suffix, mode_cfg) in ((t, m) for t in temps for m in modes):
         cfg = dataclasses.replace(roll_cfg, temperature=temp, saar_cfg=mode_cfg, saar_p=1.0)
-        trajs = loop.run_until_complete(rollout.rollout_batch(
-            eng, sandbox, tokenizer, prompts, cfg, seeds=list(range(len(prompts))), progress=out_dir is not None))
-        rows = [dict(id=p.id, ok=bool(reward.grade(p.task, tr.final_text(tokenizer), answer=p.answer, tests=p.tests,
-                                                   sandbox=sandbox, math_grader=args.math_grader)),
-                     calls=tr.num_first_calls, errors=tr.num_first_errors) for p, tr in zip(mine, trajs)]
+        trajs, oks = loop.run_until_complete(rollout.rollout_and_grade(
+            eng, sandbox, tokenizer, mine, cfg, grade=grade, seeds=list(range(len(mine))), templates=templates,
+            progress=out_dir is not None))
+        rows = [dict(id=p.id, ok=bool(ok), calls=tr.num_first_calls, errors=tr.num_first_errors)
+                for p, tr, ok in zip(mine, trajs, oks)]
         if world > 1:
             parts = [None] * world
             dist.all_gather_object(parts, rows)
@@ -780,10 +789,14 @@ def _args_of_run(args: Args) -> Args:
                                **{k: getattr(args, k) for k in mine})
 
 
-def _full_state(model) -> dict:
-    """Whole (unsharded) weights on every rank; works for plain modules and FSDP2 alike."""
+def _full_state(model, lora_scale: float = 0.0) -> dict:
+    """Whole (unsharded) weights on every rank, LoRA adapters merged in (lora_scale = alpha / rank); works for
+    plain modules and FSDP2 alike."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+
+    import grpo
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    return grpo.merge_lora(state, lora_scale) if lora_scale else state
 
 
 def _save_checkpoint(path: str, model, optimizer, scheduler, scaler, step: int, master: bool, data_pos: int):
@@ -823,9 +836,9 @@ def _load_checkpoint(path: str, model, optimizer, scheduler, scaler) -> tuple[in
     return int(state["step"]), state.get("data_pos")
 
 
-def _save_hf(path: str, model, tokenizer, master: bool):
+def _save_hf(path: str, model, tokenizer, master: bool, lora_scale: float = 0.0):
     """A Hugging Face folder eval.py can load (whole weights, written by rank 0)."""
-    sd = _full_state(model)
+    sd = _full_state(model, lora_scale)
     if master:
         model.save_pretrained(path, state_dict=sd)
         tokenizer.save_pretrained(path)

@@ -139,7 +139,7 @@ def step(policy, opt, sched, eng, g, *, batch: int, prompt_len: int, gen_len: in
     """One training step on synthetic trajectories; seconds per phase and token counts."""
     prompts = [rand_ids(g, prompt_len, vocab) for _ in range(batch)]
     outs, t_roll = timed(lambda: generate_all(eng, prompts, gen_len, seed), device)
-    trajs = [grpo.Trajectory(input_ids=p + o.token_ids, loss_mask=[0] * len(p) + [1] * len(o.token_ids),
+    trajs = [grpo.TrainSeq(input_ids=p + o.token_ids, loss_mask=[0] * len(p) + [1] * len(o.token_ids),
                              advantage=float(torch.randn((), generator=g))) for p, o in zip(prompts, outs)]
     old, t_old = timed(lambda: grpo.compute_old_logprobs(policy, trajs, max_tokens_per_micro=micro), device)
     for t, lp in zip(trajs, old):

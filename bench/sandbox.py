@@ -84,12 +84,12 @@ def main():
 
     def run_fork(j, code):
         r = sb.run(code)
-        assert r.ok, f"sandbox run failed: {r.text}"
+        assert r.ok, f"sandbox run failed: {r}"
         return r.stdout
 
     def run_cell(j, code):
         r = sessions[j].run(code)
-        assert r.ok, f"session cell failed: {r.text}"
+        assert r.ok, f"session cell failed: {r}"
         return r.stdout
 
     print(f"python {sys.executable}, {n} slots = concurrent callers, sandbox layers: {', '.join(sb.layers)}")

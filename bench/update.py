@@ -1,4 +1,4 @@
-"""Bench: the GRPO update (grpo.update) with packed micro-batches vs right-padded ones.
+"""Bench: the GRPO update (grpo.update) with packed micro-batches vs right-padded ones, and LoRA vs full.
 
 Same trajectories (random lengths, prompt tokens masked), same model init, same token budget per
 micro-batch; the padded baseline groups consecutive trajectories while rows * longest fits the
@@ -6,7 +6,10 @@ budget, as a trainer without packing would. Each mode runs in its own subprocess
 (resource.getrusage; tracemalloc does not see torch) belongs to that mode alone. Throughput
 counts real tokens (padding excluded) over the update's wall time, after a warm-up update.
 
-    python bench/update.py            # prints both modes and one `bench: update ...` line
+    python bench/update.py            # prints the three modes and one `bench: update ...` line
+
+A third mode trains LoRA adapters (--lora-rank, packed) instead of the weights: its ratio to the packed mode is
+what train.py's --lora-rank saves per trained token (no weight gradients, a small optimizer state).
 
 On CPU, packed rows use sdpa with a block-diagonal mask, which still computes the full
 (row x row) attention scores; on GPU with flash-attention the packed path is varlen and exact.
@@ -47,14 +50,16 @@ def run_mode(args) -> dict:
             # one tool-output span inside the response, masked like the trainer masks it
             a = int(torch.randint(args.prompt + 1, L - 1, (), generator=g))
             mask[a:a + min(32, L - 1 - a)] = [0] * min(32, L - 1 - a)
-            out.append(grpo.Trajectory(input_ids=torch.randint(0, args.vocab, (L,), generator=g).tolist(),
+            out.append(grpo.TrainSeq(input_ids=torch.randint(0, args.vocab, (L,), generator=g).tolist(),
                                        loss_mask=mask, advantage=float(torch.randn((), generator=g)),
                                        old_logp=[-8.0] * L))
         return out
 
     warm, batch = trajectories(2, 40, 80), trajectories(args.n, args.min_len, args.max_len)
+    if args.mode == "lora":  # adapters on every layer: the frozen weights get input gradients, no weight gradients
+        grpo.add_lora(model, args.lora_rank, 2.0 * args.lora_rank)
     opt, sched = grpo.make_optimizer(model, lr=1e-5, warmup_steps=1)
-    kw = dict(max_tokens_per_micro=args.max_tokens, packed=args.mode == "packed")
+    kw = dict(max_tokens_per_micro=args.max_tokens, packed=args.mode != "padded")
     grpo.update(model, opt, sched, warm, mini_batch_size=2, **kw)
     base = rss_mb()
     t0 = time.perf_counter()
@@ -62,6 +67,7 @@ def run_mode(args) -> dict:
     dt = time.perf_counter() - t0
     return {"mode": args.mode, "tokens": st["tokens"], "seconds": dt, "tok_s": st["tokens"] / dt,
             "pad_frac": st["pad_frac"], "micro_batches": st["n_micro_batches"],
+            "trained_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
             "peak_rss_mb": rss_mb(), "rss_before_update_mb": base}
 
 
@@ -76,13 +82,14 @@ def main():
     p.add_argument("--vocab", type=int, default=8192)
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--mode", choices=["packed", "padded"], help=argparse.SUPPRESS)  # internal: one subprocess
+    p.add_argument("--lora-rank", type=int, default=16, help="the third mode: packed, LoRA adapters of this rank")
+    p.add_argument("--mode", choices=["packed", "padded", "lora"], help=argparse.SUPPRESS)  # internal: one subprocess
     args = p.parse_args()
     if args.mode:
         print(json.dumps(run_mode(args)))
         return
     res = {}
-    for mode in ("packed", "padded"):
+    for mode in ("packed", "padded", "lora"):
         cmd = [sys.executable, __file__, "--mode", mode] + sys.argv[1:]
         out = subprocess.run(cmd, capture_output=True, text=True)
         if out.returncode:
@@ -91,12 +98,14 @@ def main():
         r = res[mode]
         print(f"{mode:7s} {r['tokens']} tokens in {r['seconds']:.1f}s = {r['tok_s']:.0f} tok/s, "
               f"{r['micro_batches']} micro-batches, padding {100 * r['pad_frac']:.0f}% of slots, "
+              f"{r['trained_params'] / 1e6:.2f}M trained params, "
               f"peak RSS {r['peak_rss_mb']:.0f} MB (update adds {r['peak_rss_mb'] - r['rss_before_update_mb']:.0f} MB)")
-    pk, pd = res["packed"], res["padded"]
+    pk, pd, lo = res["packed"], res["padded"], res["lora"]
     print(f"bench: update packed_tok_s={pk['tok_s']:.0f} padded_tok_s={pd['tok_s']:.0f} "
           f"speedup={pk['tok_s'] / pd['tok_s']:.2f} padded_pad_frac={pd['pad_frac']:.2f} "
           f"packed_peak_rss_mb={pk['peak_rss_mb']:.0f} padded_peak_rss_mb={pd['peak_rss_mb']:.0f} "
-          f"rss_ratio={pk['peak_rss_mb'] / pd['peak_rss_mb']:.2f}")
+          f"rss_ratio={pk['peak_rss_mb'] / pd['peak_rss_mb']:.2f} lora_tok_s={lo['tok_s']:.0f} "
+          f"lora_speedup={lo['tok_s'] / pk['tok_s']:.2f} lora_param_share={lo['trained_params'] / pk['trained_params']:.3f}")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ uses, so ids, problem texts and gold letters are the same either way.
 
     python data/download.py --sets aime24,aime25,math --out DIR
     python data/download.py --sets gpqa --gpqa-file gpqa_diamond.csv --out DIR
+    python data/download.py --templates --out DIR   # the official prompts, as DIR/prompts/official_*.json
 
 Needs network access, and `pip install datasets` for the parquet-backed sets (imported lazily).
 The download step is kept thin; all conversion lives in pure `convert_<name>(rows)` functions that
@@ -337,6 +338,106 @@ def convert_gpqa(rows: list[dict], seed: int = 0) -> list[dict]:
     return out
 
 
+# The official prompts are built in the official recipe's dataset code, which --templates reads at a pinned
+# commit (never run) and turns into --prompt-template files; the project itself does not carry them.
+OFFICIAL_REPO, OFFICIAL_COMMIT = "Tianshi-Xu/Open-CLEANER", "91e40ad70b48320ea8db5716bb86292b4e187f4c"
+OFFICIAL_PROMPT_FILE = "recipe/cleaner/reward.py"
+# (dataset class, method, branch of its if) -> (our template file, task). The tool classes' prompts, and the
+# no-tool baseline's (CustomRLHFDataset_notool); "eval" builds AIME, GPQA and LiveCodeBench prompts, "train"
+# the training mix's (its Skywork-style rows: code when the source is code, else math)
+OFFICIAL_PROMPT_ROLES = {
+    (cls, "map_fn", None): (f"eval{tag}", "math") for cls, tag in
+    (("CustomRLHFDataset", ""), ("CustomRLHFDataset_notool", "_notool"))} | {
+    (cls, method, branch): (f"{file}{tag}", task)
+    for cls, tag in (("CustomRLHFDataset", ""), ("CustomRLHFDataset_notool", "_notool"))
+    for method, branch, file, task in (("map_fn_gpqa", None, "eval", "gpqa"), ("map_lcb", None, "eval", "code"),
+                                       ("map_fn_skywork", "else", "train", "math"),
+                                       ("map_fn_skywork", "if", "train", "code"))}
+# names in the official expressions: the problem text, and GPQA's domain (a field of our problem's meta)
+OFFICIAL_PLACEHOLDERS = {"problem": "{problem}", "content": "{problem}", "domain": "{domain}"}
+# per-problem parts built from the official data, left out: LiveCodeBench's examples (our problem text, the
+# statement, carries them)
+OFFICIAL_LEFT_OUT = {"public_examples"}
+
+
+def _render(node, names: dict[str, str]) -> str:
+    """The text a string expression of the official code builds: literals, f-strings and + of named strings."""
+    import ast
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return _render(node.left, names) + _render(node.right, names)
+    if isinstance(node, ast.JoinedStr):
+        return "".join(_render(v.value if isinstance(v, ast.FormattedValue) else v, names) for v in node.values)
+    if isinstance(node, ast.Name):
+        if node.id in names:
+            return names[node.id]
+        if node.id in OFFICIAL_PLACEHOLDERS:
+            return OFFICIAL_PLACEHOLDERS[node.id]
+        if node.id in OFFICIAL_LEFT_OUT:
+            return ""
+        raise ValueError(f"unknown name {node.id!r}")
+    raise ValueError(f"not a string expression: {ast.dump(node)[:60]}")
+
+
+def _prompt_assigned(stmts: list, names: dict[str, str]) -> str | None:
+    """The last prompt text a block assigns (to `prompt` or to row["prompt"][0]["content"]), its local strings
+    tracked; None when it assigns none."""
+    import ast
+    names, found = dict(names), None
+    for st in stmts:
+        if not (isinstance(st, ast.Assign) and len(st.targets) == 1):
+            continue
+        target = st.targets[0]
+        if isinstance(target, ast.Name) and target.id != "prompt":
+            try:
+                names[target.id] = _render(st.value, names)
+            except ValueError:
+                pass  # not a string (row fields, parsed JSON)
+        elif isinstance(target, ast.Name) or "prompt" in ast.unparse(target):
+            found = _render(st.value, names)
+    return found
+
+
+def official_templates(source: str) -> dict[str, dict[str, str]]:
+    """The official prompts as --prompt-template files, from the source of the official recipe's dataset code
+    (OFFICIAL_PROMPT_FILE), read with `ast` and never run. Pure. Returns {file: {task: template}} for the
+    files eval, train, eval_notool and train_notool (OFFICIAL_PROMPT_ROLES): each template is the official
+    text with {problem} where the problem goes and {domain} where GPQA's domain goes (rollout.make_prompt fills
+    both). Departures: LiveCodeBench's list of examples, which the official code builds from its data, is left
+    out (our problem text, the statement, carries them), and a training row's own prompt, which the official
+    code extends, is our problem text (download strips the rows' templates). A changed official file raises
+    ValueError naming what it could not read."""
+    import ast
+    tree = ast.parse(source)
+    names = {}
+    for st in tree.body:  # the module's named strings
+        if isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name):
+            try:
+                names[st.targets[0].id] = _render(st.value, names)
+            except ValueError:
+                pass
+    methods = {(c.name, f.name): f for c in tree.body if isinstance(c, ast.ClassDef)
+               for f in c.body if isinstance(f, ast.FunctionDef)}
+    out: dict[str, dict[str, str]] = {}
+    for (cls, method, branch), (file, task) in OFFICIAL_PROMPT_ROLES.items():
+        f = methods.get((cls, method))
+        if f is None:
+            raise ValueError(f"{OFFICIAL_PROMPT_FILE}: no {cls}.{method}")
+        try:
+            if branch is None:
+                text = _prompt_assigned(f.body, names)
+            else:
+                test = next(st for st in f.body if isinstance(st, ast.If))
+                text = _prompt_assigned(test.body if branch == "if" else test.orelse, names)
+        except (ValueError, StopIteration) as e:
+            raise ValueError(f"{OFFICIAL_PROMPT_FILE}: {cls}.{method}: {e or 'no if'}") from None
+        if text is None or "{problem}" not in text:
+            raise ValueError(f"{OFFICIAL_PROMPT_FILE}: {cls}.{method} builds no prompt around the problem")
+        out.setdefault(file, {})[task] = text
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # thin download layer (network; lazy imports)
 
@@ -395,6 +496,22 @@ def write_jsonl(rows: list[dict], path: Path) -> None:
     os.replace(tmp, path)
 
 
+def download_templates(out_dir: str | Path) -> list[Path]:
+    """Fetch the official prompt code at OFFICIAL_COMMIT and write <out_dir>/prompts/official_<file>.json, one
+    --prompt-template file each (official_templates). Returns the paths."""
+    import urllib.request
+    url = f"https://raw.githubusercontent.com/{OFFICIAL_REPO}/{OFFICIAL_COMMIT}/{OFFICIAL_PROMPT_FILE}"
+    with urllib.request.urlopen(url, timeout=60) as r:
+        source = r.read().decode("utf-8")
+    paths = []
+    for file, templates in official_templates(source).items():
+        path = Path(out_dir) / "prompts" / f"official_{file}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(templates, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        paths.append(path)
+    return paths
+
+
 def download(name: str, out_dir: str | Path, *, gpqa_file: str | None = None, lcb_files=("test6.jsonl",),
              lcb_dir: str | None = None, lcb_start: str | None = "2025-02", lcb_end: str | None = "2025-05",
              math_levels=(3, 4, 5), seed: int = 0) -> Path:
@@ -433,7 +550,10 @@ def download(name: str, out_dir: str | Path, *, gpqa_file: str | None = None, lc
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="Download public problem sets into our JSONL format.")
-    ap.add_argument("--sets", required=True, help=f"comma-separated, from: {','.join(SETS)}")
+    ap.add_argument("--sets", default="", help=f"comma-separated, from: {','.join(SETS)}")
+    ap.add_argument("--templates", action="store_true",
+                    help="also write the official prompts as --prompt-template files to <out>/prompts/ (from "
+                         f"{OFFICIAL_REPO}@{OFFICIAL_COMMIT[:7]})")
     ap.add_argument("--out", default=None, help="output folder (default: $CLEANER_DATA, else ./data_cache)")
     ap.add_argument("--gpqa-file", default=None, help="local GPQA-Diamond CSV/JSONL instead of the gated hub set")
     ap.add_argument("--lcb-files", default="test6.jsonl", help="LiveCodeBench release files (comma-separated)")
@@ -445,9 +565,12 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     names = [s.strip() for s in args.sets.split(",") if s.strip()]
     bad = [s for s in names if s not in SETS]
-    if bad or not names:
-        ap.error(f"unknown set(s) {bad}; choose from {', '.join(SETS)}")
+    if bad or not (names or args.templates):
+        ap.error(f"unknown set(s) {bad}; choose from {', '.join(SETS)} (or pass --templates)")
     out = Path(args.out) if args.out else Path(os.environ.get("CLEANER_DATA") or "data_cache")
+    if args.templates:
+        for path in download_templates(out):
+            print(f"templates: wrote {path} (use it as --prompt-template)")
     for name in names:
         path = download(name, out, gpqa_file=args.gpqa_file, lcb_files=tuple(args.lcb_files.split(",")),
                         lcb_dir=args.lcb_dir, lcb_start=args.lcb_start, lcb_end=args.lcb_end,

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Qwen3-4B CLEANER (the paper's main run): GRPO + SAAR on every trajectory, 4 GPUs, one node.
 # --faithful: the official code's choices where ours differ (train.py FAITHFUL; README: Departures): veRL's
-# loss aggregation and warmup, the tool's echo of a final expression, json_repair for calls, a 30-call cap
-# that only stops SAAR, the strict boxed-answer reward, the similarity on the call as generated to the end of
-# the turn, and prompts over 2560 tokens dropped.
+# loss aggregation and warmup, the tool's echo of a final expression and its success/failure header, json_repair
+# for calls, a 30-call cap that only stops SAAR, the strict boxed-answer reward, the similarity on the call as
+# generated to the end of the turn, and prompts over 2560 tokens dropped.
 # Data: python data/download.py --sets open_agentrl,aime24,aime25 --out data_cache
+# The official prompt wording: add --templates to that command, then append
+# --prompt-template data_cache/prompts/official_train.json (eval.py: official_eval.json)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NPROC=${NPROC:-4}

@@ -28,3 +28,6 @@ class ScriptedEngine:
 
     async def score(self, input_ids, start):
         return [self.logprob] * (len(input_ids) - start)
+
+    def shutdown(self):
+        pass  # nothing to free

@@ -544,3 +544,92 @@ def test_download_script_runs_from_repo_root():
     r = subprocess.run([sys.executable, "data/download.py", "--help"], cwd=ROOT, capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0 and "--sets" in r.stdout
+
+
+# --------------------------------------------------------------------------------------------
+# --templates: the official prompt code turned into --prompt-template files (our own stand-in wording here)
+
+def prompt_source(tool: bool) -> str:
+    """A dataset module shaped like the official recipe's: named strings joined around the problem."""
+    hint = " + hint" if tool else ""
+    return f'''
+import json
+lead = "Work it out.\\n\\n"
+hint = "\\n\\nA calculator is there."
+end = "\\nEnd with \\\\boxed{{}}."
+
+
+class Base:
+    pass
+
+
+class CustomRLHFDataset{"" if tool else "_notool"}(Base):
+    def map_fn(self, row: dict, *, data_source: str = None):
+        if data_source == "A":
+            problem, answer = row["Problem"], row["Answer"]
+        prompt = lead + problem{hint} + end
+        return {{"prompt": [{{"role": "user", "content": prompt}}]}}
+
+    def map_fn_gpqa(self, row: dict, *, data_source: str = None):
+        problem, answer, domain = row["problem"], row["solution"], row["domain"]
+        head = f"A {{domain}} question.\\n\\n"
+        prompt = head + problem{hint} + end + "\\nA letter."
+        return {{"prompt": [{{"role": "user", "content": prompt}}]}}
+
+    def map_lcb(self, row: dict, *, data_source: str = None):
+        problem = row["problem"]
+        start = "Write a program.\\n\\n"
+        reward_model = json.loads(row["reward_model"])
+        public_examples = "\\nExamples: " + str(reward_model["inputs"])
+        prompt = start + problem + public_examples{hint} + "\\nSubmit it."
+        return {{"prompt": [{{"role": "user", "content": prompt}}]}}
+
+    def map_fn_skywork(self, row: dict):
+        content = row["prompt"][0]["content"]
+        if "code" in row["data_source"]:
+            row["prompt"][0]["content"] = content{hint} + "\\nIn one block."
+        else:
+            row["prompt"][0]["content"] = lead + content{hint} + end
+        return row
+'''
+
+
+def test_official_templates_become_prompt_template_files(tmp_path, monkeypatch):
+    import rollout
+    source = prompt_source(True) + prompt_source(False).split("class Base:\n    pass\n")[1]
+    t = dl.official_templates(source)
+    assert t == {
+        "eval": {"math": "Work it out.\n\n{problem}\n\nA calculator is there.\nEnd with \\boxed{}.",
+                 "gpqa": "A {domain} question.\n\n{problem}\n\nA calculator is there.\nEnd with \\boxed{}.\nA letter.",
+                 "code": "Write a program.\n\n{problem}\n\nA calculator is there.\nSubmit it."},
+        "train": {"math": "Work it out.\n\n{problem}\n\nA calculator is there.\nEnd with \\boxed{}.",
+                  "code": "{problem}\n\nA calculator is there.\nIn one block."},
+        "eval_notool": {"math": "Work it out.\n\n{problem}\nEnd with \\boxed{}.",
+                        "gpqa": "A {domain} question.\n\n{problem}\nEnd with \\boxed{}.\nA letter.",
+                        "code": "Write a program.\n\n{problem}\nSubmit it."},
+        "train_notool": {"math": "Work it out.\n\n{problem}\nEnd with \\boxed{}.", "code": "{problem}\nIn one block."}}
+
+    # the CLI fetches the file at the pinned commit (faked here: no network in tests) and writes one file a set
+    seen = []
+
+    def urlopen(url, timeout):
+        seen.append(url)
+        return contextlib.closing(io.BytesIO(source.encode()))
+    monkeypatch.setattr("urllib.request.urlopen", urlopen)
+    dl.main(["--templates", "--out", str(tmp_path)])
+    assert seen == [f"https://raw.githubusercontent.com/Tianshi-Xu/Open-CLEANER/{dl.OFFICIAL_COMMIT}/"
+                    "recipe/cleaner/reward.py"]
+    assert sorted(p.name for p in (tmp_path / "prompts").iterdir()) == [
+        "official_eval.json", "official_eval_notool.json", "official_train.json", "official_train_notool.json"]
+    loaded = rollout.load_prompt_template(str(tmp_path / "prompts" / "official_eval.json"))
+    assert loaded == t["eval"]
+    assert rollout.make_prompt("Which? A) x B) y", "gpqa", templates=loaded, meta={"domain": "Physics"}) == \
+        "A Physics question.\n\nWhich? A) x B) y\n\nA calculator is there.\nEnd with \\boxed{}.\nA letter."
+
+    # a changed official file fails loudly, naming what it could not read
+    with pytest.raises(ValueError, match=r"CustomRLHFDataset.map_fn: unknown name 'suffix'"):
+        dl.official_templates(source.replace("prompt = lead + problem + hint + end", "prompt = lead + problem + suffix"))
+    with pytest.raises(ValueError, match=r"no CustomRLHFDataset\.map_lcb"):
+        dl.official_templates(source.replace("def map_lcb", "def map_other"))
+    with pytest.raises(ValueError, match="map_fn builds no prompt around the problem"):
+        dl.official_templates(source.replace("prompt = lead + problem + hint + end", "prompt = lead + hint"))

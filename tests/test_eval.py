@@ -245,7 +245,7 @@ def test_malformed_jsonl_lines_are_named(tmp_path):
 
 def fake_generate(args, problems):
     """Stands in for the model: sample 0 answers right (with a leading zero), sample 1 answers 0;
-    every other problem gets one failed tool call."""
+    every other problem gets one failed tool call. Graded as generate's records are (eval's own grader)."""
     records = []
     for j, p in enumerate(problems):
         for i in range(ev.samples_per_problem(args, p.meta["benchmark"])):
@@ -253,7 +253,7 @@ def fake_generate(args, problems):
             records.append({"benchmark": p.meta["benchmark"], "problem_id": p.id, "sample_idx": i, "response": text,
                             "num_tool_calls": j % 2, "num_tool_errors": j % 2, "saar": args.saar == "on",
                             "meta": {"finish_reason": "stop"}})
-    return records
+    return ev.grade_records(records, {(p.meta["benchmark"], p.id): p for p in problems}, args)
 
 
 def test_eval_then_score_reproduces_the_numbers(shared_data, tmp_path, monkeypatch, capsys):
@@ -318,7 +318,7 @@ def test_generate_passes_its_saar_and_tool_flags_to_the_rollout(monkeypatch):
     import rollout
     seen = {}
 
-    async def capture(engine, sandbox, tok, prompts, cfg, *, seeds, progress, **overrides):
+    async def capture(engine, sandbox, tok, prompts, cfg, *, seeds, progress, metas=None, **overrides):
         seen.update(cfg=cfg, overrides=overrides)
         raise RuntimeError("captured")
 
@@ -331,6 +331,27 @@ def test_generate_passes_its_saar_and_tool_flags_to_the_rollout(monkeypatch):
     cfg = dataclasses.replace(seen["cfg"], **seen["overrides"])
     assert (cfg.saar_cfg.gamma, cfg.saar_cfg.max_retries, cfg.saar_cfg.sim_eos, cfg.saar_cfg.sim_on) == (0.7, 2, True, "call")
     assert cfg.echo and cfg.repair_json and cfg.cap_ends is False and cfg.max_tool_calls == 7
+
+
+def test_generate_rolls_out_and_grades_each_sample_as_score_does(monkeypatch):
+    """generate rolls out with the scripted model (the only fake) and grades every sample with eval's own
+    grader: the records hold pred, gold and correct, the same as --score's re-grading gives."""
+    import engine
+    from fakes import ScriptedEngine
+    script = ["So \\boxed{2}.<|im_end|>", "\\boxed{3}<|im_end|>", "\\boxed{007}<|im_end|>", "no answer<|im_end|>"]
+    monkeypatch.setattr(engine, "build_engine", lambda kind, tok, **kw: ScriptedEngine(tok, script))
+    monkeypatch.setitem(ev.BENCHMARKS, "toy", ev.Benchmark("math", lambda a: [], lambda a: 2, True))
+    probs = [Problem(id=i, problem=q, answer=a, task="math", meta={"benchmark": "toy"})
+             for i, q, a in (("t1", "What is 1 + 1?", "2"), ("t2", "What is 3 + 4?", "7"))]
+    args = ev.Args(model="tiny-qwen3", benchmarks="toy", saar="paper", max_new_tokens=64, grade_workers=2)
+    records = ev.generate(args, probs)
+    assert [(r["problem_id"], r["sample_idx"]) for r in records] == [("t1", 0), ("t1", 1), ("t2", 0), ("t2", 1)]
+    assert [r["pred"] for r in records] == ["2", "3", "007", None]
+    assert [r["correct"] for r in records] == [True, False, True, False]
+    assert [r["gold"] for r in records] == ["2", "2", "7", "7"] and all(r["saar"] for r in records)
+    assert records[0]["response"] == "So \\boxed{2}." and records[0]["meta"]["finish_reason"] == "answer"
+    again = [{k: v for k, v in r.items() if k not in ("pred", "correct")} for r in records]
+    assert ev.grade_records(again, {}, args) == records
 
 
 def test_a_benchmark_is_one_registry_entry(monkeypatch, tmp_path, capsys):

@@ -77,7 +77,7 @@ def hand_batch(vocab: int):
     for i, (L, adv) in enumerate(((40, 1.0), (23, -1.0), (31, 0.5), (17, -0.5))):
         mask = [0] * 8 + [1] * (L - 8)
         mask[12:15] = [0, 0, 0]
-        out.append(grpo.Trajectory(input_ids=torch.randint(0, vocab, (L,), generator=g).tolist(),
+        out.append(grpo.TrainSeq(input_ids=torch.randint(0, vocab, (L,), generator=g).tolist(),
                                    loss_mask=mask, advantage=adv))
     return out
 

@@ -17,7 +17,7 @@ import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import grpo  # noqa: E402
-from grpo import NonFiniteLossError, Trajectory  # noqa: E402
+from grpo import NonFiniteLossError, TrainSeq  # noqa: E402
 
 V = 300
 
@@ -51,7 +51,7 @@ def make_batch(lengths, seed=0, prompt=3, adv=None):
         mask[-1] = 1
         a = float(torch.randn((), generator=g)) if adv is None else adv[i]
         old = (-5.0 + 0.3 * torch.randn(n, generator=g)).tolist()
-        out.append(Trajectory(input_ids=ids, loss_mask=mask, advantage=a, old_logp=old))
+        out.append(TrainSeq(input_ids=ids, loss_mask=mask, advantage=a, old_logp=old))
     return out
 
 
@@ -267,7 +267,7 @@ def test_packed_row_equals_each_sequence_alone(kind, attn):
     assert torch.allclose(packed, alone, atol=1e-5)
     assert not torch.allclose(leaky[5:], alone[5:], atol=1e-3)
     # the padded layout (the bench's baseline) agrees too
-    trajs = [Trajectory(input_ids=s.tolist(), loss_mask=[0] + [1] * (len(s) - 1)) for s in seqs]
+    trajs = [TrainSeq(input_ids=s.tolist(), loss_mask=[0] + [1] * (len(s) - 1)) for s in seqs]
     mb = grpo.collate(trajs, packed=False)
     with torch.no_grad():
         padded = grpo.token_logprobs(model, mb.input_ids, mb.position_ids, attention_mask=mb.attention_mask,
@@ -456,7 +456,7 @@ def test_training_on_a_learnable_reward_raises_it():
         rewards = (ids[:, 3:] < 30).float().mean(1)
         rewards_seen.append(rewards.mean().item())
         adv, _ = grpo.compute_advantages(rewards, group_size=n)
-        batch = [Trajectory(input_ids=row.tolist(), loss_mask=[0] * 3 + [1] * resp_len, advantage=a)
+        batch = [TrainSeq(input_ids=row.tolist(), loss_mask=[0] * 3 + [1] * resp_len, advantage=a)
                  for row, a in zip(ids, adv.tolist())]
         for t, lp in zip(batch, grpo.compute_old_logprobs(model, batch, max_tokens_per_micro=64)):
             t.old_logp = lp
@@ -552,3 +552,33 @@ def test_freeze_below_trains_only_the_top_layers():
     assert changed and changed <= trainable and "model.layers.1.mlp.up_proj.weight" in changed
     grpo.freeze_below(model, 0)
     assert all(p.requires_grad for p in model.parameters())
+
+
+def test_lora_starts_at_the_model_trains_only_adapters_and_merges_exactly():
+    """--lora-rank: adapters on the top layer start at zero (same logits), a real grpo.update moves only them (no
+    weight gradient on the frozen weights), and merge_lora turns the result into the plain model's state dict,
+    whose logits equal the LoRA model's."""
+    model = tiny_model("qwen3", seed=1)
+    ids = torch.randint(0, V, (1, 12), generator=torch.Generator().manual_seed(0))
+    before = model(input_ids=ids).logits.detach()
+    frozen = {k: v.clone() for k, v in model.state_dict().items()}
+    grpo.add_lora(model, rank=4, alpha=8.0, train_layers=1)
+    assert torch.equal(model(input_ids=ids).logits.detach(), before)  # B = 0 at the start
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all(".lora_" in n and ".layers.1." in n for n in trainable)
+    assert {n.split(".lora_")[0].rsplit(".", 1)[-1] for n in trainable} == set(grpo.LORA_TARGETS)
+    opt, _ = grpo.make_optimizer(model, lr=1e-2, warmup_steps=0)
+    grpo.update(model, opt, None, make_batch([10, 12, 9, 11], adv=[1.0, -1.0, 0.5, -0.5]), mini_batch_size=4,
+                max_tokens_per_micro=1000)
+    state = model.state_dict()
+    for k, v in state.items():  # the warm start's weights, bit for bit
+        if ".lora_" not in k:
+            assert torch.equal(v, frozen[k.replace(".base_layer.", ".")]), k
+    assert any(state[k].abs().sum() > 0 for k in state if ".lora_B." in k)  # the adapters moved
+    after = model(input_ids=ids).logits.detach()
+    assert not torch.allclose(after, before)
+    merged = grpo.merge_lora(state, scale=8.0 / 4)
+    assert set(merged) == set(frozen)
+    plain = tiny_model("qwen3", seed=2)
+    plain.load_state_dict(merged)
+    torch.testing.assert_close(plain(input_ids=ids).logits.detach(), after, atol=1e-5, rtol=1e-5)

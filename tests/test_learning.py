@@ -96,7 +96,7 @@ def _train(base, tok, prompts, *, sign: float, seed: int = 0):
             rewards.append(round(sum(r) / len(r), 3))
             adv, _ = grpo.compute_advantages(r, group_size=GROUP)
             adv = adv * sign
-            batch = [grpo.Trajectory(input_ids=p + o.token_ids, loss_mask=[0] * len(p) + [1] * len(o.token_ids),
+            batch = [grpo.TrainSeq(input_ids=p + o.token_ids, loss_mask=[0] * len(p) + [1] * len(o.token_ids),
                                      advantage=a) for p, o, a in zip(ps, outs, adv.tolist())]
             for b, o, lp in zip(batch, outs, grpo.compute_old_logprobs(model, batch, max_tokens_per_micro=4096)):
                 b.old_logp = lp
@@ -219,7 +219,7 @@ def test_tool_tokens_get_no_gradient_and_saar_splice_does():
     batch = []
     for t, a in zip(trajs, adv.tolist()):
         isw = None if t.is_weight is None else [1.0] * len(t.prompt_ids) + t.is_weight
-        batch.append(grpo.Trajectory(input_ids=t.prompt_ids + t.response_ids,
+        batch.append(grpo.TrainSeq(input_ids=t.prompt_ids + t.response_ids,
                                      loss_mask=[0] * len(t.prompt_ids) + t.loss_mask, advantage=a, is_weight=isw))
     model = load_model("tiny-qwen3")  # random weights, built once from a fixed seed
     for b, lp in zip(batch, grpo.compute_old_logprobs(model, batch, max_tokens_per_micro=4096)):

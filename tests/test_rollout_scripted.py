@@ -1,5 +1,6 @@
 """Rollout and SAAR with a scripted model against the real sandbox: every path of the loop."""
 import asyncio
+import dataclasses
 import json
 
 import pytest
@@ -143,7 +144,10 @@ def test_three_failures_give_up_and_keep_error(tok, sb):
     kinds = [e["kind"] for e in traj.saar_events]
     assert kinds == ["shallow", "shallow", "shallow", "given_up"]
     assert "NameError" in traj.text and "undefined_3" in traj.text
-    assert "failed 4 times" in traj.text  # the give-up note
+    # the give-up note follows the last error and counts SAAR's regenerations of the turn, as the official
+    # note does: 3 retries (4 failed attempts in all)
+    note = rollout.GIVE_UP_NOTE.format(n=3)
+    assert "retried 3 times" in note and f"undefined_3' is not defined{note}\n</tool_response>" in traj.text
     # SAAR is off afterwards: the next failure stays in context, unrolled
     assert "also_undefined" in traj.text and traj.text.count("NameError") == 2
     assert traj.num_tool_calls == 5 and not traj.saar_events[-1]["similarity"]
@@ -253,3 +257,113 @@ def test_a_call_in_the_last_allowed_turn(tok, sb, runs):
     """--no-last-turn-calls (the official loop): the last allowed turn ends the trajectory with its call unrun."""
     traj, _, _ = run(tok, sb, [call("print(1)"), call("print(2)")], max_turns=2, last_turn_calls=runs)
     assert traj.finish_reason == "max_turns" and traj.num_tool_calls == (2 if runs else 1)
+
+
+@pytest.mark.parametrize("max_retries,n", [(2, 2), (1, None)])
+def test_the_give_up_note_counts_the_retries(tok, sb, max_retries, n):
+    """The note's count is the turn's regenerations (the official retry count, no +1); after fewer than 2 there
+    is no note, as in the official code."""
+    fails = [call(f"print(undefined_{i})") for i in range(max_retries + 1)]
+    traj, _, _ = run(tok, sb, fails + ["\\boxed{0}<|im_end|>"], saar_cfg=saar.SaarConfig(max_retries=max_retries),
+                     saar_p=1.0)
+    assert [e["kind"] for e in traj.saar_events][-1] == "given_up" and traj.saar_events[-1]["retry"] == max_retries
+    if n is None:
+        assert "Note:" not in traj.text
+    else:
+        assert traj.text.count("Note:") == 1 and rollout.GIVE_UP_NOTE.format(n=n) in traj.text
+
+
+def test_tool_header_is_the_official_layout(tok, sb):
+    """--tool-header: a success line and the labelled stdout; a failure line, the reason as the official code
+    server names it ("" for an exception, worker_timeout for a timeout) and the error as stderr."""
+    turns = [call("print(6*7)"), call("print('a')\nx = 1/0"), call("while True:\n    pass"),
+             "\\boxed{42}<|im_end|>"]
+    traj, _, _ = run(tok, sb, turns, tool_header=True)
+    assert [t["output"] for t in traj.turns] == [
+        "Tool call success\nstdout: 42\n",
+        "Tool call failure\nreason: \nstdout: a\n\nstderr: Traceback (most recent call last):\n"
+        '  File "<cell>", line 2, in <module>\n    x = 1/0\nZeroDivisionError: division by zero',
+        "Tool call failure\nreason: worker_timeout\n"
+        "stderr: TimeoutError: the code ran longer than the 2 s time limit and was stopped"]
+    assert "<tool_response>\nTool call success\nstdout: 42\n\n</tool_response>" in traj.text
+    quiet, _, _ = run(tok, sb, [call("x = 1"), "\\boxed{1}<|im_end|>"], tool_header=True)
+    assert quiet.turns[0]["output"] == "Tool call success"  # no "[no output]": the header says it ran
+    plain, _, _ = run(tok, sb, [call("print(6*7)"), "\\boxed{42}<|im_end|>"])
+    assert plain.turns[0]["output"] == "42\n"  # off by default
+
+
+def test_tool_header_on_a_malformed_call_and_in_saar_feedback(tok, sb):
+    bad = "Let me compute.\n<tool_call>\n{\"name\": \"shell\", \"arguments\": {\"code\": \"ls\"}}\n</tool_call>"
+    traj, eng, _ = run(tok, sb, [bad, call("print(1)"), "\\boxed{1}<|im_end|>"], tool_header=True,
+                       saar_cfg=SAAR, saar_p=1.0)
+    # the regeneration saw the headed error; the purified trajectory keeps only the headed success
+    assert ("<tool_response>\nTool call failure\nreason: \nstderr: malformed tool call: unknown tool 'shell'"
+            in tok.decode(eng.inputs[1]))
+    assert [t["output"] for t in traj.turns] == ["Tool call success\nstdout: 1\n"]
+
+
+def test_rollout_and_grade_samples_each_problem_n_times_then_grades(tok, sb):
+    """The one "roll out, then grade": n samples per problem, problem-major, each prompted from its own
+    problem, seeds and metas per trajectory, grade(problem, trajectory) on each, the phases timed."""
+    from data.problems import Problem
+    probs = [Problem(id="a", problem="What is 6*7?", answer="42", task="math"),
+             Problem(id="b", problem="What is 2+3?", answer="5", task="math")]
+    eng = ScriptedEngine(tok, ["\\boxed{42}<|im_end|>", "\\boxed{41}<|im_end|>", "\\boxed{5}<|im_end|>",
+                               "\\boxed{5}<|im_end|>"])
+    cfg = rollout.RolloutConfig(tool_format="hermes")
+    times = {"rollout": 1.0}
+    trajs, grades = asyncio.run(rollout.rollout_and_grade(
+        eng, sb, tok, probs, cfg, grade=lambda p, t: (p.id, f"\\boxed{{{p.answer}}}" in t.final_text(tok)), n=2,
+        seeds=[10, 11, 12, 13], metas=[dict(k=k) for k in range(4)], times=times))
+    assert grades == [("a", True), ("a", False), ("b", True), ("b", True)]
+    assert [t.prompt_ids for t in trajs] == [rollout.prompt_ids(tok, p.problem, "math", "hermes")
+                                             for p in probs for _ in range(2)]
+    assert [t.meta["k"] for t in trajs] == [0, 1, 2, 3]
+    assert times["rollout"] > 1.0 and times["reward"] >= 0.0
+    eng = ScriptedEngine(tok, ["\\boxed{42}<|im_end|>", "\\boxed{5}<|im_end|>"])
+    _, threaded = asyncio.run(rollout.rollout_and_grade(eng, sb, tok, probs, cfg, grade=lambda p, t: p.id,
+                                                        seeds=[1, 2], grade_workers=2))
+    assert threaded == ["a", "b"]  # graded in threads, kept in order
+
+
+def test_tool_text_words_the_sandboxs_facts():
+    """Every string the model reads from a tool comes from rollout.tool_text, built from the sandbox's facts
+    (sandbox.ExecResult): here from hand-made results of each kind, in both error formats."""
+    from sandbox import STATE_LOSSES, ExecResult, Frame
+    limits = dict(timeout_s=2.0, memory_mb=512, flood_bytes=4_000_000)
+    exc = ExecResult(ok=False, error_kind="exception", stdout="hi", stderr="warn\n", exception_type="NameError",
+                     exception_text="NameError: name 'y' is not defined",
+                     frames=[Frame("<cell>", 3, "<module>", "f()"), Frame("<cell>", 2, "f", "return y", 2)], **limits)
+    assert rollout.tool_text(exc) == (
+        "hi\nwarn\nTraceback (most recent call last):\n  File \"<cell>\", line 3, in <module>\n    f()\n"
+        "  File \"<cell>\", line 2, in f\n    return y\n  [Previous line repeated 2 more times]\n"
+        "NameError: name 'y' is not defined")
+    assert rollout.tool_text(exc, "last_line") == "hi\nwarn\nNameError: name 'y' is not defined"
+    assert rollout.tool_text(exc, header=True).startswith("Tool call failure\nreason: \nstdout: hi\nstderr: warn\n")
+    # long tracebacks keep 7 + 9 lines (a frame the sandbox left out counts as two), long exceptions 1000 + 1000 chars
+    deep = ExecResult(ok=False, error_kind="exception", stdout="", stderr="", exception_type="E",
+                      exception_text="E: " + "x" * 2997, frames=[Frame("<cell>", i, "f", f"g({i})") for i in range(10)],
+                      frames_omitted=5, **limits)
+    lines = rollout.tool_text(deep).splitlines()
+    assert lines[7] == "  ... (15 lines omitted)" and len(lines) == 18 and lines[-2] == "    g(9)"
+    assert lines[-1] == "E: " + "x" * 997 + " ... [1000 chars cut] ... " + "x" * 1000
+    one_line = {  # kind and facts -> the error, one line in both formats
+        ("timeout", ()): "TimeoutError: the code ran longer than the 2 s time limit and was stopped",
+        ("memory", (("message", ""), ("line", 4))): "MemoryError: out of memory at line 4 (the memory limit is 512 MB)",
+        ("output_limit", ()): "OutputLimitError: the code printed more than 4,000,000 bytes and was stopped",
+        ("crash", (("signal", 11),)): "Crash: the process was killed by signal SIGSEGV (segmentation fault)",
+        ("crash", (("exit_status", 5),)): "Crash: the process exited with status 5 before the code finished",
+        ("crash", (("sandbox_killed", True),)): "Crash: the code killed the sandbox process running it",
+        ("crash", ()): "Crash: the process died before the code finished",
+        ("sandbox_internal", (("detail", "OSError: x"),)): "SandboxError: the sandbox itself failed, not the code "
+                                                           "(OSError: x)",
+    }
+    for (kind, facts), text in one_line.items():
+        r = ExecResult(ok=False, error_kind=kind, stdout="out\n", stderr="", **limits, **dict(facts))
+        assert rollout.tool_text(r) == rollout.tool_text(r, "last_line") == "out\n" + text
+    ok = ExecResult(ok=True, error_kind="none", stdout="", stderr="", state_lost="restarted", **limits)
+    assert rollout.tool_text(ok) == f"[{rollout.STATE_LOST['restarted']}]"
+    assert rollout.tool_text(dataclasses.replace(ok, state_lost="")) == rollout.NO_OUTPUT
+    assert set(rollout.STATE_LOST) == set(STATE_LOSSES)  # every way a state is lost has its words
+    assert rollout.tool_text("malformed tool call: no code in arguments", header=True) == \
+        "Tool call failure\nreason: \nstderr: malformed tool call: no code in arguments"

@@ -51,7 +51,7 @@ def test_layout_is_the_rollouts_token_for_token(name, fmt, sb):
         ids, mask = sft.encode_conversation(tok, conv["messages"], tool_format=fmt)
         # built by hand from rollout.py's pieces: the model's call turn stops at the stop marker
         turn = conv["messages"][1]["content"] + ("\n" if fmt == "markdown" else "")
-        stdout = sb.run(rollout.parse_call(turn, fmt).code).text  # what the sandbox shows, e.g. "350\n"
+        stdout = rollout.tool_text(sb.run(rollout.parse_call(turn, fmt).code))  # what the model reads, e.g. "350\n"
         final = conv["messages"][3]["content"]
         enc = lambda s: tok.encode(s, add_special_tokens=False)  # noqa: E731
         prompt = rollout.prompt_ids(tok, prob.problem, "math", fmt)

@@ -272,3 +272,28 @@ def test_nonfinite_minibatches_are_skipped_up_to_k_in_a_row(tmp_path, monkeypatc
     assert sorted(m) == [1, 2] and m[2]["nonfinite_skipped"] == 2 and m[1]["nonfinite_skipped"] == 0
     step2, stopped = (torch.load(run / f, weights_only=False) for f in ("ckpt.pt", "ckpt-nonfinite-step3.pt"))
     assert step2["step"] == 2 and all(torch.equal(v, stopped["model"][k]) for k, v in step2["model"].items())
+
+
+def test_lora_run_saves_a_plain_model_with_the_adapters_merged(tmp_path, monkeypatch):
+    """--lora-rank through train.py: the checkpoint holds the warm start's weights untouched plus adapters on the
+    trained layers only, and hf/ is a plain model (no adapter names) whose weights are the merge of them."""
+    import grpo
+    from data import models
+    monkeypatch.chdir(ROOT)
+    args = tyro.cli(train.Args, args=SMALL + ["--out-dir", str(tmp_path), "--run-name", "lora", "--steps", "2",
+                                              "--lora-rank", "4", "--lora-alpha", "8", "--train-layers", "1"])
+    train.main(args)
+    ckpt = torch.load(tmp_path / "lora" / "ckpt.pt", weights_only=False)["model"]
+    start = models.load_model("tiny-qwen3", dtype=torch.float32).state_dict()
+    adapters = [k for k in ckpt if ".lora_" in k]
+    assert adapters and all(".layers.1." in k for k in adapters)  # the top layer only (--train-layers 1)
+    for k, v in ckpt.items():
+        if ".lora_" not in k:
+            assert torch.equal(v, start[k.replace(".base_layer.", ".")]), k
+    saved = load_file(tmp_path / "lora" / "hf" / "model.safetensors")
+    assert saved and not any(".lora_" in k or ".base_layer." in k for k in saved)
+    merged = grpo.merge_lora(ckpt, 8.0 / 4)
+    for k, v in saved.items():
+        torch.testing.assert_close(v, merged[k])
+    with pytest.raises(SystemExit, match="--lora-rank must be >= 0"):
+        train.main(tyro.cli(train.Args, args=SMALL + ["--out-dir", str(tmp_path), "--lora-rank", "-1"]))
