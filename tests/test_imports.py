@@ -1,0 +1,75 @@
+"""The project's import graph, read with ast (nothing is imported or run): no cycles, and the leaves stay leaves.
+
+Every import counts, including those inside functions (a lazy import still ties the two modules together), so
+that saar.py and sandbox.py can be read, copied and tested alone."""
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LEAVES = ("saar", "sandbox")  # import no project module: the standard library only
+
+
+def project_modules() -> dict[str, Path]:
+    mods = {p.stem: p for p in ROOT.glob("*.py")}
+    mods.update({f"data.{p.stem}": p for p in (ROOT / "data").glob("*.py") if p.stem != "__init__"})
+    return mods
+
+
+def imports_of(path: Path, mods: dict) -> set[str]:
+    """The project modules that `path` imports, anywhere in the file."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.ImportFrom):  # relative, inside data/
+            names = [f"data.{node.module}" if node.module else f"data.{a.name}" for a in node.names]
+        else:
+            continue
+        out |= {n for n in names if n in mods}
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    mods = project_modules()
+    return {m: imports_of(p, mods) - {m} for m, p in mods.items()}
+
+
+def find_cycle(g: dict[str, set[str]]) -> list[str] | None:
+    state, stack = {}, []
+
+    def visit(m):
+        state[m] = "open"
+        stack.append(m)
+        for n in sorted(g.get(m, ())):
+            if state.get(n) == "open":
+                return stack[stack.index(n):] + [n]
+            if n not in state and (c := visit(n)):
+                return c
+        state[m] = "done"
+        stack.pop()
+        return None
+
+    for m in sorted(g):
+        if m not in state and (c := visit(m)):
+            return c
+    return None
+
+
+def test_the_import_graph_has_no_cycle_and_the_leaves_import_no_project_module():
+    g = graph()
+    assert {"train", "rollout", "saar", "sandbox", "grpo", "engine", "reward", "eval", "sft", "data.models"} <= set(g)
+    assert g["rollout"] and g["train"]  # the walk sees imports at all
+    cycle = find_cycle(g)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+    for leaf in LEAVES:
+        assert not g[leaf], f"{leaf}.py imports project modules {sorted(g[leaf])}"
+
+
+def test_the_check_finds_a_cycle_and_a_leaf_import(tmp_path):
+    """The negative control: the same checks on a graph that has each fault."""
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+    (tmp_path / "saar.py").write_text("def f():\n    import rollout\n")
+    assert imports_of(tmp_path / "saar.py", {"rollout": None, "saar": None}) == {"rollout"}
