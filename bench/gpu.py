@@ -18,6 +18,7 @@ where the prefill is all there is.
     python bench/gpu.py                            # Qwen3-0.6B shape, bf16, on the GPU (sized for ~2 min on an H200)
     python bench/gpu.py --size 4b --engine sglang  # the paper's model size, on SGLang if installed
     python bench/gpu.py --size tiny --device cpu   # a 2-layer model: checks the script end to end on CPU
+                                                   # (the default without a GPU)
 
 MFU is 6 * parameters * update tokens / update time / peak: parameters counted once (tied embedding
 included, which over-counts the embedding lookup and under-counts nothing else that matters at these
@@ -189,7 +190,7 @@ def regen_cost(eng, g, *, prefix_len: int, turn_len: int, vocab: int, reps: int,
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--size", choices=list(SIZES), default="0.6b")
+    p.add_argument("--size", choices=list(SIZES), help="model shape (default: 0.6b on a GPU, tiny on a CPU)")
     p.add_argument("--batch", type=int, help="prompts per step, one sample each (default by size: 16; tiny 4)")
     p.add_argument("--prompt-len", type=int, help="prompt tokens (default 512; tiny 64)")
     p.add_argument("--gen-len", type=int, help="new tokens per prompt (default 256; tiny 32)")
@@ -207,6 +208,11 @@ def main():
     p.add_argument("--sglang-mem", type=float, default=0.35, help="SGLang mem_fraction_static (trainer shares the GPU)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
+    cuda = torch.cuda.is_available() and args.device != "cpu"
+    if args.size is None:  # a real-sized model on 2 CPU cores would take hours and ~23 GB: check the script instead
+        args.size = "0.6b" if cuda else "tiny"
+        if not cuda:
+            print("bench/gpu.py: no CUDA device, so --size tiny (the script end to end; pass --size to override)")
     d = DEFAULTS[args.size]
     args.batch, args.prompt_len, args.gen_len, args.regen_len = (
         args.batch or d[0], args.prompt_len or d[1], args.gen_len or d[2], args.regen_len or d[3])
