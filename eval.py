@@ -388,8 +388,7 @@ def grade_record(rec: dict, problem: Problem | None, sandbox=None, code_timeout_
         rec["correct"] = reward.grade_gpqa(rec["response"], rec["gold"])
     else:
         rec["gold"] = None
-        official = lcb_grader == "official"  # the code the chosen grader runs
-        rec["pred"] = (reward.extract_code_lcb(rec["response"]) or None) if official else reward.extract_code(rec["response"])
+        rec["pred"] = reward.graded_code(rec["response"], problem.tests, lcb_grader)  # the code the grader runs
         rec["correct"] = reward.grade_code(rec["response"], problem.tests, sandbox=sandbox, per_test_s=code_timeout_s,
                                            lcb_grader=lcb_grader)
     return rec

@@ -1277,7 +1277,7 @@ def _json_expected(s: str, where: str):
         raise ValueError(f"{where} is not JSON ({e})") from None
 
 
-def run_lcb_official(code: str, tests, sandbox=None, per_test_s: float = 6.0, total_s: float | None = None) -> bool:
+def run_lcb_official(code: str | None, tests, sandbox=None, per_test_s: float = 6.0, total_s: float | None = None) -> bool:
     """Grade `code` on LiveCodeBench tests (stdin pairs, or {"call", "cases"}) as the official harness
     does (notes above); all tests in one sandbox run within the problem's time budget."""
     call = isinstance(tests, dict)
@@ -1315,6 +1315,15 @@ def run_lcb_official(code: str, tests, sandbox=None, per_test_s: float = 6.0, to
 LCB_GRADERS = ("strict", "official")
 
 
+def graded_code(response: str, tests, lcb_grader: str = "strict") -> str | None:
+    """The code that grade_code runs for these tests: LiveCodeBench's own extraction (extract_code_lcb) for
+    LiveCodeBench-shaped tests under lcb_grader="official", else the final python block; None when there is
+    none. eval.py records it as the prediction."""
+    if lcb_grader == "official" and not (isinstance(tests, dict) and set(tests) == {"functional"}):
+        return extract_code_lcb(response) or None
+    return extract_code(response)
+
+
 def grade_code(response: str, tests, sandbox=None, per_test_s: float = 6.0, total_s: float | None = None,
                lcb_grader: str = "strict") -> bool:
     """True iff the response's code passes every test (shapes: module docstring). lcb_grader picks how
@@ -1323,7 +1332,7 @@ def grade_code(response: str, tests, sandbox=None, per_test_s: float = 6.0, tota
     graded one way. A malformed `tests` value raises ValueError; a response without code is simply wrong."""
     if lcb_grader not in LCB_GRADERS:
         raise ValueError(f"unknown lcb_grader {lcb_grader!r}; choose one of {LCB_GRADERS}")
-    code = extract_code(response)
+    code = graded_code(response, tests, lcb_grader)
     if isinstance(tests, dict) and set(tests) == {"functional"}:
         functional_cases(tests["functional"])  # validate before deciding the response is wrong
         return code is not None and run_check_tests(code, tests["functional"], sandbox, timeout_s=per_test_s)
@@ -1335,7 +1344,7 @@ def grade_code(response: str, tests, sandbox=None, per_test_s: float = 6.0, tota
         raise ValueError(f"unknown code tests shape {shape}: expected {{'functional': src}}, "
                          "{'call': name, 'cases': [...]} (cases non-empty) or a non-empty list of {'input', 'output'}")
     if lcb_grader == "official":
-        return run_lcb_official(extract_code_lcb(response), tests, sandbox, per_test_s, total_s)
+        return run_lcb_official(code, tests, sandbox, per_test_s, total_s)
     if lcb_call:
         return code is not None and run_call_tests(code, tests["call"], tests["cases"], sandbox, per_test_s, total_s)
     return code is not None and run_stdio_tests(code, tests, sandbox, per_test_s, total_s)
