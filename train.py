@@ -10,12 +10,15 @@ mini-batch 32, 16 turns, 20480 response tokens, 4096 overlong buffer, temperatur
 
 The demo's own choices, for 2 CPU cores and a 135M model: temperature 0.6 (at 1.0 the warm-started
 model's pass rate is ~10%, at 0.6 ~40%, where GRPO groups carry signal); three problem kinds at the
-model's edge (primes, digit sums, coprime counts: 50-65% greedy after the warm start; shopping totals and
-recurrences stay at 0% and Collatz counts at 100%, so their groups carry no signal); only the top 12 of
-30 layers train (--train-layers; the frozen bottom gets no backward pass); lr 3e-5; 4 prompts x 4
-samples per step in two optimizer steps.
+model's edge (primes, digit sums, coprime counts: 29-59% greedy after the three seeds' warm starts;
+shopping totals and recurrences stay at 0% and Collatz counts at 100%, so their groups carry no signal);
+only the top 12 of 30 layers train (--train-layers; the frozen bottom gets no backward pass); lr 3e-5;
+4 prompts x 4 samples per step in two optimizer steps; a cold start in which a quarter of the
+conversations make a broken call, read the sandbox's real error and call again (--warm-start-fix 0.25:
+the paper's cold start teaches retrying; without it the model mostly answers after an error, which
+leaves SAAR little to purify).
 
-    python train.py                                   # CPU demo, ~20 minutes
+    python train.py                                   # CPU demo, ~20 minutes once its cold start is cached, ~25 before
     python train.py --model tiny-qwen3 --steps 2      # the smallest end-to-end run
     torchrun --nproc_per_node=4 train.py ...          # one node, FSDP2 over the policy
 
@@ -62,8 +65,8 @@ class Args:
     """local folder, hub id, or offline name (smollm2-135m, tiny-qwen3, tiny-bytes)"""
     warm_start: bool = True
     """run sft.py's cold start first when the model is an offline base model (cached)"""
-    warm_start_fix: float = 0.0
-    """share of the cold start's conversations that fail a call and fix it (sft.py --fix-fraction)"""
+    warm_start_fix: float = 0.25
+    """share of the cold start's conversations that fail a call and fix it (sft.py --fix-fraction; 0: none)"""
     # data
     train_data: str = "synth-medium:primes,digit_sum,coprime"
     """generated problems: 'synth-medium' (naive code works, hand work does not), 'synth' (naive code times out),
