@@ -1315,11 +1315,16 @@ def run_lcb_official(code: str | None, tests, sandbox=None, per_test_s: float = 
 LCB_GRADERS = ("strict", "official")
 
 
+def _functional(tests) -> bool:
+    """A check(candidate) function's source ({"functional": src}), the one shape no LiveCodeBench grader reads."""
+    return isinstance(tests, dict) and set(tests) == {"functional"}
+
+
 def graded_code(response: str, tests, lcb_grader: str = "strict") -> str | None:
     """The code that grade_code runs for these tests: LiveCodeBench's own extraction (extract_code_lcb) for
     LiveCodeBench-shaped tests under lcb_grader="official", else the final python block; None when there is
     none. eval.py records it as the prediction."""
-    if lcb_grader == "official" and not (isinstance(tests, dict) and set(tests) == {"functional"}):
+    if lcb_grader == "official" and not _functional(tests):
         return extract_code_lcb(response) or None
     return extract_code(response)
 
@@ -1333,7 +1338,7 @@ def grade_code(response: str, tests, sandbox=None, per_test_s: float = 6.0, tota
     if lcb_grader not in LCB_GRADERS:
         raise ValueError(f"unknown lcb_grader {lcb_grader!r}; choose one of {LCB_GRADERS}")
     code = graded_code(response, tests, lcb_grader)
-    if isinstance(tests, dict) and set(tests) == {"functional"}:
+    if _functional(tests):
         functional_cases(tests["functional"])  # validate before deciding the response is wrong
         return code is not None and run_check_tests(code, tests["functional"], sandbox, timeout_s=per_test_s)
     lcb_call = isinstance(tests, dict) and set(tests) == {"call", "cases"} and bool(tests["cases"])

@@ -208,17 +208,16 @@ def main():
     p.add_argument("--sglang-mem", type=float, default=0.35, help="SGLang mem_fraction_static (trainer shares the GPU)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
-    cuda = torch.cuda.is_available() and args.device != "cpu"
+    device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
     if args.size is None:  # a real-sized model on 2 CPU cores would take hours and ~23 GB: check the script instead
-        args.size = "0.6b" if cuda else "tiny"
-        if not cuda:
+        args.size = "0.6b" if device.type == "cuda" else "tiny"
+        if device.type != "cuda":
             print("bench/gpu.py: no CUDA device, so --size tiny (the script end to end; pass --size to override)")
     d = DEFAULTS[args.size]
     args.batch, args.prompt_len, args.gen_len, args.regen_len = (
         args.batch or d[0], args.prompt_len or d[1], args.gen_len or d[2], args.regen_len or d[3])
-    device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
     dtype = getattr(torch, args.dtype)
     kind = pick_engine(args.engine, device)
     vocab = SIZES[args.size]["vocab_size"]
