@@ -80,6 +80,12 @@ class Args:
     """also evaluate every N steps (0: only before the first step and after the last)"""
     eval_sampled: bool = False
     """score the held-out set at the rollout temperature too, not only greedy"""
+    eval_cache: bool = True
+    """reuse the step-0 evaluation of an earlier run that scored the same weights (hashed) with the same eval
+    settings and code (<cache>/eval; a run of the same cold start with other training flags shares it)"""
+    data_order: str = "stratified"
+    """shuffle: one seeded permutation of the training set (veRL's sampler); stratified: that permutation with
+    problem kinds (synth's kind, else the task) taken in turn, so every step and third of a run sees the same mix"""
     # rollout
     tool_format: str = "markdown"
     """hermes (Qwen, the paper), markdown (```python blocks, SmolLM2) or none (no-tool baseline)"""
@@ -248,7 +254,7 @@ class Args:
 # --faithful: the official code's (Open-CLEANER, veRL) choices where our defaults differ, in one place
 FAITHFUL = dict(warmup_unit="train", agg="verl-token-mean", math_grader="strict-box", tool_echo=True,
                 tool_header=True, repair_json=True, tool_cap_ends=False, last_turn_calls=False, sim_eos=True,
-                max_prompt_tokens=2560)
+                max_prompt_tokens=2560, data_order="shuffle")
 
 
 SUMMED = {"loss", "dropped_groups", "saar_shallow", "saar_deep", "saar_given_up", "saar_answered", "saar_regen_tokens"}  # per-rank sums
@@ -396,6 +402,10 @@ def main(args: Args):
     eval_seed = args.seed + 10_007  # synth problems from another seed never repeat training ones
     eval_set = load_problems(args.eval_data, seed=eval_seed, n=args.eval_size)[:args.eval_size]
     order = np.random.default_rng(args.seed).permutation(len(train_set)).tolist()  # fixed data order
+    if args.data_order == "stratified":  # a step of 4 from 3 kinds has 2 of one: the thirds of a run differ less
+        order = stratified(order, [p.meta.get("kind") or p.task for p in train_set])
+    elif args.data_order != "shuffle":
+        raise SystemExit(f"--data-order {args.data_order!r}: choose shuffle or stratified")
 
     def grade(problem, traj) -> bool:  # right or wrong: the final turn's answer, by reward.py (training and eval)
         return reward.grade(problem.task, traj.final_text(tokenizer), answer=problem.answer, tests=problem.tests,
@@ -434,9 +444,14 @@ def main(args: Args):
                    grade=grade, rank=rank, world=world)
     # the held-out baseline, before any update; with --eval-only, the one evaluation of the run's current point
     if args.eval_size and ((start_step == 0 and args.steps > 0) or args.eval_only):
-        ev = _evaluate(loop, eng, sandbox, tokenizer, eval_set, args, step=start_step, **eval_kw)
+        # the step-0 score is a function of the weights, the eval settings and the code: an earlier run's counts
+        key = _eval_cache_key(args, model_path) if args.eval_cache and not args.eval_only and world == 1 else None
+        ev = _cached_eval(key, out)
+        if ev is None:
+            ev = _evaluate(loop, eng, sandbox, tokenizer, eval_set, args, step=start_step, **eval_kw)
+            _store_eval(key, out, ev)
         if master:
-            log(f"eval step {start_step} | " + _format_eval(ev))
+            log(f"eval step {start_step} | " + _format_eval(ev) + (f" | cached {key}" if ev.get("eval_cached") else ""))
             writer(dict(ev, step=start_step))
     for step in range(start_step, start_step if args.eval_only else args.steps):
         t = {}
@@ -636,6 +651,97 @@ def _evaluate(loop, eng, sandbox, tokenizer, problems, args, *, step, out_dir, s
         os.replace(path + ".tmp", path)
     results["t_eval"] = time.perf_counter() - t0
     return results
+
+
+# fields that cannot change the step-0 evaluation: runs that differ only in these share its cache entry
+NOT_IN_EVAL = {"run_name", "out_dir", "steps", "resume", "faithful", "eval_only", "eval_every", "eval_cache",
+               "train_data", "data_order", "prompts_per_step", "samples_per_prompt", "max_prompt_tokens", "saar",
+               "rollback_p", "lr", "warmup_steps", "warmup_unit", "weight_decay", "mini_batch_prompts",
+               "train_layers", "max_tokens_per_micro", "packed", "clip_low", "clip_high", "dual_clip_c", "agg",
+               "norm_adv_std", "dynamic_sampling", "max_sample_rounds", "kl_coef", "kl_type", "overlong_buffer",
+               "overlong_penalty", "grad_clip", "max_nonfinite_skips", "gradient_checkpointing", "loss_scale",
+               "loss_scale_growth", "offload", "save_every", "dump_rollouts", "wandb_project"}
+
+
+def _eval_cache_root():
+    from data import models
+    return models.cache_dir() / "eval"
+
+
+def _eval_cache_key(args: Args, model_path: str) -> str | None:
+    """sha256 of the weights' files, the eval-relevant args, the evaluation's code and the torch/transformers
+    versions; None for a model that is not a local folder (a hub id is not hashed)."""
+    import hashlib
+    import inspect
+    from importlib import metadata
+    from pathlib import Path
+
+    import engine
+    import reward
+    import rollout
+    import saar
+    import sandbox
+    from data import models, problems, synth
+    folder = Path(models.resolve(model_path))  # an offline model's name: its built folder
+    if not folder.is_dir():
+        return None
+    h = hashlib.sha256()
+    for f in sorted(folder.iterdir()):
+        if f.is_file() and f.suffix in (".safetensors", ".bin", ".json"):
+            h.update(f.name.encode())
+            with open(f, "rb") as fh:
+                h.update(hashlib.file_digest(fh, "sha256").digest())
+    fields = {k: v for k, v in dataclasses.asdict(args).items() if k not in NOT_IN_EVAL}
+    if args.prompt_template:
+        fields["prompt_template_text"] = Path(args.prompt_template).read_text()
+    h.update(json.dumps(fields, sort_keys=True).encode())
+    for mod in (engine, reward, rollout, saar, sandbox, models, problems, synth):
+        h.update(inspect.getsource(mod).encode())
+    for fn in (_evaluate, load_problems):
+        h.update(inspect.getsource(fn).encode())
+    h.update(" ".join(metadata.version(d) for d in ("torch", "transformers")).encode())
+    return h.hexdigest()[:20]
+
+
+def _cached_eval(key: str | None, out: str) -> dict | None:
+    """An earlier run's step-0 metrics, with its per-problem records copied into out/eval_step000000.jsonl."""
+    import shutil
+    if key is None or not (_eval_cache_root() / key / "metrics.json").exists():
+        return None
+    folder = _eval_cache_root() / key
+    t0 = time.perf_counter()
+    shutil.copyfile(folder / "eval_step000000.jsonl", os.path.join(out, "eval_step000000.jsonl"))
+    with open(folder / "metrics.json") as f:
+        ev = json.load(f)
+    return dict(ev, t_eval=time.perf_counter() - t0, eval_cached=1)
+
+
+def _store_eval(key: str | None, out: str, ev: dict) -> None:
+    """Keep this run's step-0 evaluation for later runs (written whole, then renamed into place)."""
+    import shutil
+    if key is None or (_eval_cache_root() / key).exists():
+        return
+    tmp = _eval_cache_root() / f".{key}.tmp-{os.getpid()}"
+    tmp.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(os.path.join(out, "eval_step000000.jsonl"), tmp / "eval_step000000.jsonl")
+    (tmp / "metrics.json").write_text(json.dumps(ev))
+    try:
+        os.replace(tmp, _eval_cache_root() / key)
+    except OSError:  # another run stored it first
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def stratified(order: list[int], strata: list) -> list[int]:
+    """The permutation `order`, reordered so that its strata come in turn (in the order each first appears),
+    each keeping its own order; when one runs out the others go on. order: indices into strata."""
+    queues: dict = {}
+    for i in order:
+        queues.setdefault(strata[i], []).append(i)
+    out, depth = [], 0
+    while len(out) < len(order):
+        out += [q[depth] for q in queues.values() if depth < len(q)]
+        depth += 1
+    return out
 
 
 def _format_eval(m: dict) -> str:

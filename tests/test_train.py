@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--model", "tiny-qwen3", "--no-warm-start", "--tool-format", "hermes", "--prompts-per-step", "2",
          "--samples-per-prompt", "2", "--mini-batch-prompts", "1", "--max-response-tokens", "24",
          "--overlong-buffer", "8", "--eval-size", "0", "--dump-rollouts", "2", "--deterministic", "--lr", "1e-3",
-         "--sandbox-slots", "1", "--seed", "3"]
+         "--sandbox-slots", "1", "--seed", "3", "--no-eval-cache"]
 
 
 def start(out: Path, run: str, *extra):
@@ -130,6 +130,56 @@ def test_synth_problem_specs():
     rl, warm = (train.load_problems(s, seed=0, n=6) for s in ("synth", "synth-warmup"))
     assert {p.meta["difficulty"] for p in rl} == {"rl"} and {p.meta["difficulty"] for p in warm} == {"warmup"}
     assert len(rl) == len(warm) == 6 and {p.meta["kind"] for p in warm} == {p.meta["kind"] for p in rl}
+
+
+def test_stratified_order_takes_the_kinds_in_turn():
+    """--data-order stratified: the seeded permutation, each kind in its own order, the kinds in turn; any 3
+    consecutive problems of the demo's 3 kinds cover all 3 (shuffled, most windows of 4 miss one or repeat)."""
+    import numpy as np
+    probs = train.load_problems("synth-medium:primes,digit_sum,coprime", seed=0, n=300)
+    kinds = [p.meta["kind"] for p in probs]
+    order = np.random.default_rng(0).permutation(len(probs)).tolist()
+    strat = train.stratified(order, kinds)
+    assert sorted(strat) == list(range(300))
+    assert all(len({kinds[i] for i in strat[j:j + 3]}) == 3 for j in range(0, 298))
+    for k in set(kinds):  # within a kind, the permutation's order
+        assert [i for i in strat if kinds[i] == k] == [i for i in order if kinds[i] == k]
+    assert sum(len({kinds[i] for i in order[j:j + 3]}) < 3 for j in range(298)) > 100  # the control: shuffled
+    # unequal strata: the short one runs out, the others go on in turn
+    assert train.stratified([0, 1, 2, 3, 4, 5], ["a", "a", "a", "a", "b", "c"]) == [0, 4, 5, 1, 2, 3]
+
+
+def test_step0_eval_is_cached_by_weights_eval_settings_and_code(tmp_path, monkeypatch):
+    """A second run of the same weights and eval settings takes the first run's step-0 evaluation (identical
+    records, no rollout), whatever its training flags; other weights or eval settings get another key."""
+    import dataclasses
+    import shutil
+    monkeypatch.setattr(train, "_eval_cache_root", lambda: tmp_path / "cache")
+    calls = []
+    real = train._evaluate
+    monkeypatch.setattr(train, "_evaluate", lambda *a, **k: calls.append(k["step"]) or real(*a, **k))
+    base = [a for a in SMALL if a != "--no-eval-cache"] + ["--out-dir", str(tmp_path), "--steps", "1", "--eval-size", "3"]
+    train.main(tyro.cli(train.Args, args=base + ["--run-name", "a"]))
+    assert calls == [0, 1] and len(list((tmp_path / "cache").iterdir())) == 1
+    train.main(tyro.cli(train.Args, args=base + ["--run-name", "b", "--lr", "1e-4", "--data-order", "shuffle"]))
+    assert calls == [0, 1, 1]  # step 0 from the cache
+    rows = [(tmp_path / r / "eval_step000000.jsonl").read_text() for r in ("a", "b")]
+    assert rows[0] == rows[1] and len(rows[0].splitlines()) == 3
+    assert metrics(tmp_path / "b")[0]["eval_cached"] == 1 and "eval_cached" not in metrics(tmp_path / "a")[0]
+    args = tyro.cli(train.Args, args=base)
+    key = train._eval_cache_key(args, "tiny-qwen3")
+    assert key == train._eval_cache_key(dataclasses.replace(args, lr=0.5, saar=False), "tiny-qwen3")
+    for change in (dict(max_turns=2), dict(eval_saar="both"), dict(seed=4), dict(temperature=0.9)):
+        assert train._eval_cache_key(dataclasses.replace(args, **change), "tiny-qwen3") != key, change
+    from data import models
+    from safetensors.torch import load_file, save_file
+    other = shutil.copytree(models.resolve("tiny-qwen3"), tmp_path / "other")
+    w = load_file(other / "model.safetensors")
+    name = next(iter(w))
+    w[name] = w[name] + 1e-3
+    assert train._eval_cache_key(args, str(other)) == key  # a copy of the same files: the same key
+    save_file(w, other / "model.safetensors", metadata={"format": "pt"})
+    assert train._eval_cache_key(args, str(other)) != key
 
 
 def test_paired_ci():
