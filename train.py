@@ -50,7 +50,7 @@ class Args:
     """where runs are written"""
     seed: int = 0
     """seed for data order, sampling and SAAR draws"""
-    steps: int = 11
+    steps: int = 12
     """number of GRPO steps"""
     resume: bool = False
     """continue the run in out_dir/run from its last checkpoint"""
@@ -83,7 +83,7 @@ class Args:
     eval_cache: bool = True
     """reuse the step-0 evaluation of an earlier run that scored the same weights (hashed) with the same eval
     settings and code (<cache>/eval; a run of the same cold start with other training flags shares it)"""
-    data_order: str = "stratified"
+    data_order: str = "shuffle"
     """shuffle: one seeded permutation of the training set (veRL's sampler); stratified: that permutation with
     problem kinds (synth's kind, else the task) taken in turn, so every step and third of a run sees the same mix"""
     # rollout
@@ -254,7 +254,7 @@ class Args:
 # --faithful: the official code's (Open-CLEANER, veRL) choices where our defaults differ, in one place
 FAITHFUL = dict(warmup_unit="train", agg="verl-token-mean", math_grader="strict-box", tool_echo=True,
                 tool_header=True, repair_json=True, tool_cap_ends=False, last_turn_calls=False, sim_eos=True,
-                max_prompt_tokens=2560, data_order="shuffle")
+                max_prompt_tokens=2560)
 
 
 SUMMED = {"loss", "dropped_groups", "saar_shallow", "saar_deep", "saar_given_up", "saar_answered", "saar_regen_tokens"}  # per-rank sums
@@ -402,7 +402,7 @@ def main(args: Args):
     eval_seed = args.seed + 10_007  # synth problems from another seed never repeat training ones
     eval_set = load_problems(args.eval_data, seed=eval_seed, n=args.eval_size)[:args.eval_size]
     order = np.random.default_rng(args.seed).permutation(len(train_set)).tolist()  # fixed data order
-    if args.data_order == "stratified":  # a step of 4 from 3 kinds has 2 of one: the thirds of a run differ less
+    if args.data_order == "stratified":  # every third of a run has the same mix of kinds (a step of 4: 2 of one)
         order = stratified(order, [p.meta.get("kind") or p.task for p in train_set])
     elif args.data_order != "shuffle":
         raise SystemExit(f"--data-order {args.data_order!r}: choose shuffle or stratified")
