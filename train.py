@@ -710,9 +710,13 @@ def _cached_eval(key: str | None, out: str) -> dict | None:
         return None
     folder = _eval_cache_root() / key
     t0 = time.perf_counter()
-    shutil.copyfile(folder / "eval_step000000.jsonl", os.path.join(out, "eval_step000000.jsonl"))
-    with open(folder / "metrics.json") as f:
-        ev = json.load(f)
+    try:
+        with open(folder / "metrics.json") as f:
+            ev = json.load(f)
+        shutil.copyfile(folder / "eval_step000000.jsonl", os.path.join(out, "eval_step000000.jsonl"))
+    except (OSError, ValueError) as e:  # a damaged entry: evaluate again (and keep the damaged one for a look)
+        print(f"eval cache {folder} is unreadable ({e}); evaluating instead", file=sys.stderr)
+        return None
     return dict(ev, t_eval=time.perf_counter() - t0, eval_cached=1)
 
 

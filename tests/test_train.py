@@ -166,6 +166,9 @@ def test_step0_eval_is_cached_by_weights_eval_settings_and_code(tmp_path, monkey
     rows = [(tmp_path / r / "eval_step000000.jsonl").read_text() for r in ("a", "b")]
     assert rows[0] == rows[1] and len(rows[0].splitlines()) == 3
     assert metrics(tmp_path / "b")[0]["eval_cached"] == 1 and "eval_cached" not in metrics(tmp_path / "a")[0]
+    entry = next((tmp_path / "cache").iterdir())
+    (entry / "metrics.json").write_text("{not json")  # a damaged entry is evaluated again, with a message
+    assert train._cached_eval(entry.name, str(tmp_path / "b")) is None
     args = tyro.cli(train.Args, args=base)
     key = train._eval_cache_key(args, "tiny-qwen3")
     assert key == train._eval_cache_key(dataclasses.replace(args, lr=0.5, saar=False), "tiny-qwen3")
