@@ -13,12 +13,13 @@ model's pass rate is ~10%, at 0.6 ~40%, where GRPO groups carry signal); three p
 model's edge (primes, digit sums, coprime counts: 29-59% greedy after the three seeds' warm starts;
 shopping totals and recurrences stay at 0% and Collatz counts at 100%, so their groups carry no signal);
 only the top 12 of 30 layers train (--train-layers; the frozen bottom gets no backward pass); lr 3e-5;
-4 prompts x 4 samples per step in two optimizer steps; a cold start in which a quarter of the
+12 steps of 4 prompts x 4 samples, each in two optimizer steps (the summary compares the
+training reward's first and last 4 steps); a cold start in which a quarter of the
 conversations make a broken call, read the sandbox's real error and call again (--warm-start-fix 0.25:
 the paper's cold start teaches retrying; without it the model mostly answers after an error, which
 leaves SAAR little to purify).
 
-    python train.py                                   # CPU demo, 20-22 minutes once its cold start is cached, ~25 before
+    python train.py                                   # CPU demo: ~24 min; ~18 with its cold start and step-0 eval cached
     python train.py --model tiny-qwen3 --steps 2      # the smallest end-to-end run
     torchrun --nproc_per_node=4 train.py ...          # one node, FSDP2 over the policy
 
