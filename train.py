@@ -323,6 +323,8 @@ def main(args: Args):
         raise SystemExit(f"--lora-rank must be >= 0 (0: no adapters), got {args.lora_rank}")
     if args.warmup_unit not in ("optimizer", "train"):
         raise SystemExit(f"--warmup-unit must be optimizer or train, got {args.warmup_unit!r}")
+    if args.data_order not in ("shuffle", "stratified"):
+        raise SystemExit(f"--data-order must be shuffle or stratified, got {args.data_order!r}")
     if args.eval_only and not args.eval_size:
         raise SystemExit(f"--eval-only: the run {args.run_name!r} has --eval-size 0, no held-out set to evaluate")
     if args.deterministic:
@@ -405,8 +407,6 @@ def main(args: Args):
     order = np.random.default_rng(args.seed).permutation(len(train_set)).tolist()  # fixed data order
     if args.data_order == "stratified":  # every third of a run has the same mix of kinds (a step of 4: 2 of one)
         order = stratified(order, [p.meta.get("kind") or p.task for p in train_set])
-    elif args.data_order != "shuffle":
-        raise SystemExit(f"--data-order {args.data_order!r}: choose shuffle or stratified")
 
     def grade(problem, traj) -> bool:  # right or wrong: the final turn's answer, by reward.py (training and eval)
         return reward.grade(problem.task, traj.final_text(tokenizer), answer=problem.answer, tests=problem.tests,
@@ -446,7 +446,7 @@ def main(args: Args):
     # the held-out baseline, before any update; with --eval-only, the one evaluation of the run's current point
     if args.eval_size and ((start_step == 0 and args.steps > 0) or args.eval_only):
         # the step-0 score is a function of the weights, the eval settings and the code: an earlier run's counts
-        key = _eval_cache_key(args, model_path) if args.eval_cache and not args.eval_only and world == 1 else None
+        key = _eval_cache_key(args, model_path, templates) if args.eval_cache and not args.eval_only and world == 1 else None
         ev = _cached_eval(key, out)
         if ev is None:
             ev = _evaluate(loop, eng, sandbox, tokenizer, eval_set, args, step=start_step, **eval_kw)
@@ -669,9 +669,10 @@ def _eval_cache_root():
     return models.cache_dir() / "eval"
 
 
-def _eval_cache_key(args: Args, model_path: str) -> str | None:
-    """sha256 of the weights' files, the eval-relevant args, the evaluation's code and the torch/transformers
-    versions; None for a model that is not a local folder (a hub id is not hashed)."""
+def _eval_cache_key(args: Args, model_path: str, templates: dict | None = None) -> str | None:
+    """sha256 of the model folder's files (weights, config, tokenizer, chat template), the eval-relevant args
+    and prompt templates, the evaluation's code and the torch/transformers versions; None for a model that is
+    not a local folder (a hub id is not hashed)."""
     import hashlib
     import inspect
     from importlib import metadata
@@ -688,13 +689,12 @@ def _eval_cache_key(args: Args, model_path: str) -> str | None:
         return None
     h = hashlib.sha256()
     for f in sorted(folder.iterdir()):
-        if f.is_file() and f.suffix in (".safetensors", ".bin", ".json"):
+        if f.is_file():
             h.update(f.name.encode())
             with open(f, "rb") as fh:
                 h.update(hashlib.file_digest(fh, "sha256").digest())
     fields = {k: v for k, v in dataclasses.asdict(args).items() if k not in NOT_IN_EVAL}
-    if args.prompt_template:
-        fields["prompt_template_text"] = Path(args.prompt_template).read_text()
+    fields["templates"] = templates  # the wording --prompt-template loaded, not its path
     h.update(json.dumps(fields, sort_keys=True).encode())
     for mod in (engine, reward, rollout, saar, sandbox, models, problems, synth):
         h.update(inspect.getsource(mod).encode())
