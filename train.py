@@ -87,6 +87,9 @@ class Args:
     data_order: str = "shuffle"
     """shuffle: one seeded permutation of the training set (veRL's sampler); stratified: that permutation with
     problem kinds (synth's kind, else the task) taken in turn, so every step and third of a run sees the same mix"""
+    train_size: int = 32
+    """train on the first N problems of that order, in passes (0: the whole set). The demo's 32 and 12 steps of 4
+    make its last third revisit its first third's 16 problems, so the thirds compare the same problems"""
     # rollout
     tool_format: str = "markdown"
     """hermes (Qwen, the paper), markdown (```python blocks, SmolLM2) or none (no-tool baseline)"""
@@ -325,6 +328,8 @@ def main(args: Args):
         raise SystemExit(f"--warmup-unit must be optimizer or train, got {args.warmup_unit!r}")
     if args.data_order not in ("shuffle", "stratified"):
         raise SystemExit(f"--data-order must be shuffle or stratified, got {args.data_order!r}")
+    if args.train_size < 0:
+        raise SystemExit(f"--train-size must be >= 0 (0: the whole training set), got {args.train_size}")
     if args.eval_only and not args.eval_size:
         raise SystemExit(f"--eval-only: the run {args.run_name!r} has --eval-size 0, no held-out set to evaluate")
     if args.deterministic:
@@ -407,6 +412,11 @@ def main(args: Args):
     order = np.random.default_rng(args.seed).permutation(len(train_set)).tolist()  # fixed data order
     if args.data_order == "stratified":  # every third of a run has the same mix of kinds (a step of 4: 2 of one)
         order = stratified(order, [p.meta.get("kind") or p.task for p in train_set])
+    if args.train_size:  # a pool the run passes over more than once: later steps revisit earlier problems
+        if args.train_size > len(order):
+            raise SystemExit(f"--train-size {args.train_size}: the training set {args.train_data} has only "
+                             f"{len(order)} problems")
+        order = order[:args.train_size]
 
     def grade(problem, traj) -> bool:  # right or wrong: the final turn's answer, by reward.py (training and eval)
         return reward.grade(problem.task, traj.final_text(tokenizer), answer=problem.answer, tests=problem.tests,
@@ -656,8 +666,8 @@ def _evaluate(loop, eng, sandbox, tokenizer, problems, args, *, step, out_dir, s
 
 # fields that cannot change the step-0 evaluation: runs that differ only in these share its cache entry
 NOT_IN_EVAL = {"run_name", "out_dir", "steps", "resume", "faithful", "eval_only", "eval_every", "eval_cache",
-               "train_data", "data_order", "prompts_per_step", "samples_per_prompt", "max_prompt_tokens", "saar",
-               "rollback_p", "lr", "warmup_steps", "warmup_unit", "weight_decay", "mini_batch_prompts",
+               "train_data", "data_order", "train_size", "prompts_per_step", "samples_per_prompt", "max_prompt_tokens",
+               "saar", "rollback_p", "lr", "warmup_steps", "warmup_unit", "weight_decay", "mini_batch_prompts",
                "train_layers", "max_tokens_per_micro", "packed", "clip_low", "clip_high", "dual_clip_c", "agg",
                "norm_adv_std", "dynamic_sampling", "max_sample_rounds", "kl_coef", "kl_type", "overlong_buffer",
                "overlong_penalty", "grad_clip", "max_nonfinite_skips", "gradient_checkpointing", "loss_scale",

@@ -12,7 +12,8 @@ cd "$(dirname "$0")/.."
 NPROC=${NPROC:-4}
 torchrun --nproc_per_node="$NPROC" train.py \
   --run-name qwen3-4b-cleaner --model Gen-Verse/Qwen3-4B-RA-SFT --tool-format hermes \
-  --train-data data_cache/open_agentrl_30k.jsonl --eval-data aime25 --eval-size 30 --eval-saar on --eval-sampled \
+  --train-data data_cache/open_agentrl_30k.jsonl --train-size 0 \
+  --eval-data aime25 --eval-size 30 --eval-saar on --eval-sampled \
   --prompts-per-step 128 --samples-per-prompt 16 --mini-batch-prompts 32 \
   --max-turns 16 --max-response-tokens 20480 --overlong-buffer 4096 --overlong-penalty 1.0 \
   --temperature 1.0 --top-p 1.0 --lr 2e-6 --warmup-steps 20 --weight-decay 0.01 --train-layers 0 \

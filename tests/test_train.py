@@ -149,6 +149,23 @@ def test_stratified_order_takes_the_kinds_in_turn():
     assert train.stratified([0, 1, 2, 3, 4, 5], ["a", "a", "a", "a", "b", "c"]) == [0, 4, 5, 1, 2, 3]
 
 
+def test_train_size_revisits_the_pool(tmp_path):
+    """--train-size 2 with 2 prompts a step: step 2 trains on step 1's two problems again, the first two of the
+    seeded order (without the flag, step 2 would take the next two); a pool larger than the set is refused."""
+    import numpy as np
+    run = lambda name, *extra: train.main(tyro.cli(train.Args, args=SMALL + [
+        "--out-dir", str(tmp_path), "--run-name", name, "--steps", "2", "--dump-rollouts", "4", *extra]))
+    run("pool", "--train-size", "2")
+    ids = [{json.loads(x)["meta"]["problem_id"] for x in (tmp_path / "pool" / "rollouts" / f"step_{s:06d}.jsonl")
+            .read_text().splitlines()} for s in (1, 2)]
+    probs = train.load_problems(train.Args.train_data, seed=3, n=None)
+    order = np.random.default_rng(3).permutation(len(probs)).tolist()
+    assert ids[0] == ids[1] == {probs[i].id for i in order[:2]}
+    assert ids[1] != {probs[i].id for i in order[2:4]}  # the control: the next two, which a whole-set run takes
+    with pytest.raises(SystemExit, match=r"--train-size 5000: the training set .* has only 4096 problems"):
+        run("big", "--train-size", "5000")
+
+
 def test_step0_eval_is_cached_by_weights_eval_settings_and_code(tmp_path, monkeypatch):
     """A second run of the same weights and eval settings takes the first run's step-0 evaluation (identical
     records, no rollout), whatever its training flags; other weights or eval settings get another key."""
