@@ -51,7 +51,7 @@ class Args:
     """where runs are written"""
     seed: int = 0
     """seed for data order, sampling and SAAR draws"""
-    steps: int = 12
+    steps: int = 13
     """number of GRPO steps"""
     resume: bool = False
     """continue the run in out_dir/run from its last checkpoint"""
@@ -88,8 +88,8 @@ class Args:
     """shuffle: one seeded permutation of the training set (veRL's sampler); stratified: that permutation with
     problem kinds (synth's kind, else the task) taken in turn, so every step and third of a run sees the same mix"""
     train_size: int = 32
-    """train on the first N problems of that order, in passes (0: the whole set). The demo's 32 and 12 steps of 4
-    make its last third revisit its first third's 16 problems, so the thirds compare the same problems"""
+    """train on the first N problems of that order, in passes (0: the whole set). With the demo's 32, steps 9-13
+    revisit the problems of steps 1-5, so its training reward's first and last thirds share 12 of 16 problems"""
     # rollout
     tool_format: str = "markdown"
     """hermes (Qwen, the paper), markdown (```python blocks, SmolLM2) or none (no-tool baseline)"""
