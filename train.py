@@ -13,13 +13,14 @@ model's pass rate is ~10%, at 0.6 ~40%, where GRPO groups carry signal); three p
 model's edge (primes, digit sums, coprime counts: 29-59% greedy after the three seeds' warm starts;
 shopping totals and recurrences stay at 0% and Collatz counts at 100%, so their groups carry no signal);
 only the top 12 of 30 layers train (--train-layers; the frozen bottom gets no backward pass); lr 3e-5;
-12 steps of 4 prompts x 4 samples, each in two optimizer steps (the summary compares the
-training reward's first and last 4 steps); a cold start in which a quarter of the
+13 steps of 4 prompts x 4 samples, each in two optimizer steps, over a pool of 32 problems
+(--train-size: steps 9-13 revisit the problems of steps 1-5, so 12 of the 16 problems in the summary's
+last third of the training reward are the first third's); a cold start in which a quarter of the
 conversations make a broken call, read the sandbox's real error and call again (--warm-start-fix 0.25:
 the paper's cold start teaches retrying; without it the model mostly answers after an error, which
 leaves SAAR little to purify).
 
-    python train.py                                   # CPU demo: ~24 min; ~18 with its cold start and step-0 eval cached
+    python train.py                                   # CPU demo: ~26 min; ~20 with its cold start and step-0 eval cached
     python train.py --model tiny-qwen3 --steps 2      # the smallest end-to-end run
     torchrun --nproc_per_node=4 train.py ...          # one node, FSDP2 over the policy
 
@@ -680,9 +681,9 @@ def _eval_cache_root():
 
 
 def _eval_cache_key(args: Args, model_path: str, templates: dict | None = None) -> str | None:
-    """sha256 of the model folder's files (weights, config, tokenizer, chat template), the eval-relevant args
-    and prompt templates, the evaluation's code and the torch/transformers versions; None for a model that is
-    not a local folder (a hub id is not hashed)."""
+    """sha256 of the model folder's files (weights, config, tokenizer, chat template; not sft.py's build record),
+    the eval-relevant args and prompt templates, the evaluation's code and the torch/transformers versions;
+    None for a model that is not a local folder (a hub id is not hashed)."""
     import hashlib
     import inspect
     from importlib import metadata
@@ -693,13 +694,15 @@ def _eval_cache_key(args: Args, model_path: str, templates: dict | None = None) 
     import rollout
     import saar
     import sandbox
+    import sft
     from data import models, problems, synth
     folder = Path(models.resolve(model_path))  # an offline model's name: its built folder
     if not folder.is_dir():
         return None
     h = hashlib.sha256()
     for f in sorted(folder.iterdir()):
-        if f.is_file():
+        if f.is_file() and f.name != sft.MARKER:  # the cold start's build record: its timings and pid change with
+            # every rebuild of the same weights, which are hashed
             h.update(f.name.encode())
             with open(f, "rb") as fh:
                 h.update(hashlib.file_digest(fh, "sha256").digest())

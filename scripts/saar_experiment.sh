@@ -5,8 +5,8 @@
 # --eval-only), so the held-out set is scored with test-time SAAR off (the policy's own tool use) and on.
 # Then the curves (docs/img/*.png) and the table of final figures.
 #   bash scripts/saar_experiment.sh                 # 6 runs of ~20 min on 2 cores, each then evaluated twice (~4.5 min each)
-#   bash scripts/saar_experiment.sh --warm-start-fix 0 --steps 11   # the runs in docs/results.md (the demo's earlier
-#                                                   # cold start and length)
+#   bash scripts/saar_experiment.sh --warm-start-fix 0 --steps 11 --train-size 0   # the runs in docs/results.md
+#                                                   # (the demo's earlier cold start, length and data)
 # A seed's two arms share its cold start and, through --eval-cache, its step-0 evaluation with test-time SAAR off.
 #   SEEDS="0 1" bash scripts/saar_experiment.sh --steps 20
 # Finished pieces are kept (a run with summary.json, an evaluation already in eval_step*.jsonl); delete a

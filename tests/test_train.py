@@ -198,6 +198,9 @@ def test_step0_eval_is_cached_by_weights_eval_settings_and_code(tmp_path, monkey
     name = next(iter(w))
     w[name] = w[name] + 1e-3
     assert train._eval_cache_key(args, str(other)) == key  # a copy of the same files: the same key
+    import sft
+    (other / sft.MARKER).write_text('{"train_s": 180.0, "pid": 1}')  # a rebuild's record: its time and pid differ
+    assert train._eval_cache_key(args, str(other)) == key
     (other / "chat_template.jinja").write_text((other / "chat_template.jinja").read_text() + " ")
     changed_template = train._eval_cache_key(args, str(other))
     save_file(w, other / "model.safetensors", metadata={"format": "pt"})
