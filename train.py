@@ -89,8 +89,8 @@ class Args:
     """shuffle: one seeded permutation of the training set (veRL's sampler); stratified: that permutation with
     problem kinds (synth's kind, else the task) taken in turn, so every step and third of a run sees the same mix"""
     train_size: int = 32
-    """train on the first N problems of that order, in passes (0: the whole set). With the demo's 32, steps 9-13
-    revisit the problems of steps 1-5, so its training reward's first and last thirds share 12 of 16 problems"""
+    """train on the first N problems of that order, in passes (0, or more than the set: all of it). With the
+    demo's 32, steps 9-13 revisit steps 1-5's problems: its reward's first and last thirds share 12 of 16"""
     # rollout
     tool_format: str = "markdown"
     """hermes (Qwen, the paper), markdown (```python blocks, SmolLM2) or none (no-tool baseline)"""
@@ -414,9 +414,9 @@ def main(args: Args):
     if args.data_order == "stratified":  # every third of a run has the same mix of kinds (a step of 4: 2 of one)
         order = stratified(order, [p.meta.get("kind") or p.task for p in train_set])
     if args.train_size:  # a pool the run passes over more than once: later steps revisit earlier problems
-        if args.train_size > len(order):
-            raise SystemExit(f"--train-size {args.train_size}: the training set {args.train_data} has only "
-                             f"{len(order)} problems")
+        if args.train_size > len(order):  # a smaller set (your JSONL) is trained on whole, as with 0
+            log(f"data: --train-size {args.train_size} is more than the {len(order)} training problems of "
+                f"{args.train_data}: training on all of them")
         order = order[:args.train_size]
 
     def grade(problem, traj) -> bool:  # right or wrong: the final turn's answer, by reward.py (training and eval)
