@@ -168,6 +168,79 @@ def test_a_rows_draw_does_not_depend_on_the_other_rows(bytes_mt, engine_of):
         assert alone[0] == together[i] and lp[0] == lps[i]
 
 
+def test_batch_cache_drops_and_takes_rows_in_place_exactly_as_a_fresh_buffer_holds_them():
+    # the decode batch's KV: rows right-aligned, zeros on the left. Dropping, adding and growing work in place;
+    # after each, the view must equal (bit for bit, zeros included) the cache built from scratch
+    from engine import _slab_cache
+    torch.manual_seed(0)
+    H, D = 2, 4
+
+    def block(t):
+        return torch.randn(1, H, t, D), torch.randn(1, H, t, D)
+
+    def fresh(rows):
+        T = max(k.shape[2] for k, _ in rows)
+        pad = lambda x: torch.nn.functional.pad(x, (0, 0, T - x.shape[2], 0))  # noqa: E731
+        return torch.cat([pad(k) for k, _ in rows]), torch.cat([pad(v) for _, v in rows])
+
+    def check(layer, rows):
+        k, v = fresh(rows)
+        assert torch.equal(layer.keys, k) and torch.equal(layer.values, v)
+
+    def step(layer, rows):  # a decode step: one new column for every row
+        new = [block(1) for _ in rows]
+        layer.update(torch.cat([k for k, _ in new]), torch.cat([v for _, v in new]))
+        return [(torch.cat([k, nk], 2), torch.cat([v, nv], 2)) for (k, v), (nk, nv) in zip(rows, new)]
+
+    rows = [block(t) for t in (5, 9, 3)]
+    layer = _slab_cache([rows], 9, spare=3, rows=4).layers[0]
+    buf = layer.kbuf
+    check(layer, rows)
+    rows = step(layer, rows)
+    check(layer, rows)
+    layer.keep_rows([0, 2], cut=4)  # the longest row (10 columns) leaves: 4 columns are padding in the rest
+    rows = [rows[0], rows[2]]
+    check(layer, rows)
+    assert layer.has_room(1, 9) and not layer.has_room(1, 11) and not layer.has_room(3, 6)
+    joined = [block(9)]  # longer than the window (6): it widens on the left, over the dropped columns
+    layer.add_rows(joined, 9)
+    rows += joined
+    check(layer, rows)
+    joined = [block(2)]
+    layer.add_rows(joined, 9)
+    rows += joined
+    check(layer, rows)
+    assert layer.kbuf is buf  # all of it in the same buffer
+    assert not layer.has_room(1, 2)  # 4 rows: full
+    for _ in range(3):  # past the 3 spare columns: a bigger buffer, the same view
+        rows = step(layer, rows)
+        check(layer, rows)
+    assert layer.kbuf is not buf
+    layer.keep_rows([1, 3], cut=5)  # rows of 7 and 5 columns in a window of 12
+    rows = [rows[1], rows[3]]
+    check(layer, rows)
+    rows = step(layer, rows)
+    check(layer, rows)
+
+
+def test_rows_leaving_and_joining_a_full_batch_decode_as_they_would_alone(bytes_mt, engine_of):
+    # max_batch 3 and 6 requests of different lengths: rows finish mid-batch, later ones take their places
+    model, tok = bytes_mt
+    engine = engine_of(model, tok, max_batch=3, eos_token_ids=[])
+    prompts = [tok.encode(t) for t in TEXTS] + [tok.encode(TEXTS[1] + TEXTS[3])]
+    lengths = [6, 30, 11, 25, 8, 14]
+    outs = run(gen_all(engine, prompts, [SamplingParams(temperature=0, max_new_tokens=n) for n in lengths]))
+    for p, o, n in zip(prompts, outs, lengths):
+        ids = p + o.token_ids  # greedy: every token is the argmax of a fresh forward's logits
+        with torch.no_grad():
+            argmax = model(torch.tensor([ids])).logits[0, len(p) - 1:-1].argmax(-1)
+        assert len(o.token_ids) == n and o.token_ids == argmax.tolist()
+        torch.testing.assert_close(torch.tensor(o.logprobs), forward_logprobs(model, p, o.token_ids), atol=2e-4,
+                                   rtol=0)
+    assert engine.stats["max_rows"] == 3
+    assert engine.stats["prefills"] == 6 and engine.stats["cache_rebuilds"] < 6  # some joined in place
+
+
 def test_stop_token_stop_string_eos_and_length(bytes_mt, engine_of):
     model, tok = bytes_mt
     p = tok.encode(TEXTS[3])
