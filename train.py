@@ -20,7 +20,7 @@ conversations make a broken call, read the sandbox's real error and call again (
 the paper's cold start teaches retrying; without it the model mostly answers after an error, which
 leaves SAAR little to purify).
 
-    python train.py                                   # CPU demo: ~26 min; ~20 with its cold start and step-0 eval cached
+    python train.py                                   # CPU demo: ~30 min; ~20 with its cold start and step-0 eval cached
     python train.py --model tiny-qwen3 --steps 2      # the smallest end-to-end run
     torchrun --nproc_per_node=4 train.py ...          # one node, FSDP2 over the policy
 
