@@ -518,20 +518,11 @@ def _slab_layer_class():
             super().__init__()
             k0 = blocks[0][0]
             self.device, self.is_initialized, self.spare = k0.device, True, spare
-            self.B = sum(k.shape[0] for k, _ in blocks)
-            self.s, self.n = 0, T  # the view's time steps [s, n)
-            self.kbuf = k0.new_empty(max(self.B, rows), k0.shape[1], T + spare, k0.shape[3])
-            self.vbuf = blocks[0][1].new_empty(max(self.B, rows), k0.shape[1], T + spare, blocks[0][1].shape[3])
-            r = 0
-            for k, v in blocks:
-                b, t = k.shape[0], k.shape[2]
-                # zeros, not garbage, on the left: masked positions must never inject NaN/inf
-                self.kbuf[r:r + b, :, :T - t].zero_()
-                self.vbuf[r:r + b, :, :T - t].zero_()
-                self.kbuf[r:r + b, :, T - t:T] = k
-                self.vbuf[r:r + b, :, T - t:T] = v
-                r += b
-            self._views()
+            B = sum(k.shape[0] for k, _ in blocks)
+            self.kbuf = k0.new_empty(max(B, rows), k0.shape[1], T + spare, k0.shape[3])
+            self.vbuf = blocks[0][1].new_empty(max(B, rows), k0.shape[1], T + spare, blocks[0][1].shape[3])
+            self.B, self.s, self.n = 0, 0, T  # rows in use; the view's time steps [s, n)
+            self.add_rows(blocks, T)  # zeros, not garbage, on the left: masked positions must never inject NaN/inf
 
         def _views(self):
             self.keys = self.kbuf[:self.B, :, self.s:self.n]      # (B, H, n - s, D)
