@@ -451,6 +451,13 @@ def collate(trajs: Sequence[TrainSeq], *, packed: bool = True, device: torch.dev
         lengths=lengths, n_slots=out["ids"].numel())
 
 
+def _rows_to_seqs(x: torch.Tensor, mb: MicroBatch, packed: bool) -> list[torch.Tensor]:
+    """Per-token values of a micro-batch, x (1, N) packed or (R, L) padded, back to one (L_i,) tensor per sequence."""
+    if packed:
+        return list(x[0].split(mb.lengths))
+    return [x[r, :n] for r, n in enumerate(mb.lengths)]
+
+
 def check_batch(batch: Sequence[TrainSeq], *, need_old: bool = True, need_ref: bool = False) -> None:
     """Raise ValueError naming the trajectory and field of the first malformed entry."""
     for i, t in enumerate(batch):
@@ -477,13 +484,22 @@ def _device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
+def _autocast(device: torch.device, dtype: torch.dtype | None):
+    """Mixed precision for one forward pass: matmuls in `dtype`, the fp32 weights and optimizer state kept (the
+    single-process analogue of FSDP2's MixedPrecisionPolicy). None: no autocast, everything in the weights' dtype."""
+    return torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
+
+
 @torch.no_grad()
 def compute_old_logprobs(model: torch.nn.Module, batch: Sequence[TrainSeq], *, max_tokens_per_micro: int,
-                         chunk_size: int = 1024, temperature: float = 1.0) -> list[torch.Tensor]:
+                         chunk_size: int = 1024, temperature: float = 1.0,
+                         autocast_dtype: torch.dtype | None = None, packed: bool = True) -> list[torch.Tensor]:
     """Log-probs of each trajectory's tokens (list of (L_i,) float32 CPU tensors), no grad.
 
     Only loss tokens are computed (0 elsewhere). Used for old_logp (the current policy, before
-    the update) and for ref_logp (a reference model).
+    the update) and for ref_logp (a reference model). autocast_dtype: compute the forward in this
+    dtype (torch.autocast), as the update does, so that old and new log-probs are taken alike; packed: as
+    `update`'s (False: right-padded rows).
     """
     check_batch(batch, need_old=False)
     was_training = model.training
@@ -492,13 +508,14 @@ def compute_old_logprobs(model: torch.nn.Module, batch: Sequence[TrainSeq], *, m
     lengths = [len(t.input_ids) for t in batch]
     out: list[torch.Tensor | None] = [None] * len(batch)
     try:
-        for idx in _plan(lengths, max_tokens_per_micro, True, device):
+        for idx in _plan(lengths, max_tokens_per_micro, packed, device):
             dummy = not idx
-            mb = collate([batch[i] for i in (idx or [0])], device=device)
-            lp = token_logprobs(model, mb.input_ids, mb.position_ids, mask=mb.loss_mask,
-                                chunk_size=chunk_size, temperature=temperature)[0].cpu()
+            mb = collate([batch[i] for i in (idx or [0])], packed=packed, device=device)
+            with _autocast(device, autocast_dtype):
+                lp = token_logprobs(model, mb.input_ids, mb.position_ids, attention_mask=mb.attention_mask,
+                                    mask=mb.loss_mask, chunk_size=chunk_size, temperature=temperature).cpu()
             if not dummy:
-                for i, part in zip(idx, lp.split(mb.lengths)):
+                for i, part in zip(idx, _rows_to_seqs(lp, mb, packed)):
                     out[i] = part
     finally:
         model.train(was_training)
@@ -606,7 +623,7 @@ def update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, 
            dual_clip_c: float | None = 10.0, kl_coef: float = 0.0, kl_type: str = "low_var_kl",
            temperature: float = 1.0, chunk_size: int = 1024, packed: bool = True,
            gradient_checkpointing: bool = False, loss_scale: "float | LossScaler" = 1.0,
-           skip_nonfinite: bool = False) -> dict:
+           skip_nonfinite: bool = False, autocast_dtype: torch.dtype | None = None) -> dict:
     """One GRPO step: an optimizer step per mini-batch of mini_batch_size trajectories (in order).
 
     Each mini-batch is cut into micro-batches of at most max_tokens_per_micro tokens (packed rows
@@ -620,6 +637,8 @@ def update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, 
     overflow under a dynamic LossScaler (`loss_scale`, updated in place): that mini-batch is skipped. With
     skip_nonfinite (veRL's behaviour), every non-finite mini-batch is skipped instead of raising, and counted
     in "nonfinite_skipped" (and "nonfinite_trailing": how many of them end the step, in a row).
+    autocast_dtype: forward passes under torch.autocast in this dtype (mixed precision over fp32 weights;
+    the backward follows the forward's dtypes); None: in the weights' own dtype.
     Returns stats (this rank's): "loss"/"pg_loss" averaged over mini-batches; token-weighted means
     of "clipfrac", "clipfrac_lower", "ppo_kl", "kl"; "grad_norm(_max)", "lr", "n_mini_batches", "skipped_steps", "loss_scale",
     "n_micro_batches", "tokens", "loss_tokens", "pad_frac", "tokens_per_s".
@@ -656,8 +675,9 @@ def update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, 
         for idx in bins:
             dummy = not idx  # an empty bin still runs, so FSDP's collectives line up across ranks
             micro = collate([mb[i] for i in (idx or [0])], packed=packed, device=device)
-            logp = token_logprobs(model, micro.input_ids, micro.position_ids, attention_mask=micro.attention_mask,
-                                  mask=micro.loss_mask, chunk_size=chunk_size, temperature=temperature)
+            with _autocast(device, autocast_dtype):
+                logp = token_logprobs(model, micro.input_ids, micro.position_ids, attention_mask=micro.attention_mask,
+                                      mask=micro.loss_mask, chunk_size=chunk_size, temperature=temperature)
             # old log-probs not given (first mini-batch only): the policy has not moved yet, so they are this
             # very forward pass, detached; the ratio is exactly 1 and the gradient that of the surrogate
             old = torch.where(micro.old_known, micro.old_logp, logp.detach())

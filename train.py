@@ -192,10 +192,10 @@ class Args:
     """LoRA scale numerator: the adapters' update is scaled by lora_alpha / lora_rank"""
     max_tokens_per_micro: int = 4096
     """token budget of one micro-batch"""
-    packed: bool = True
-    """pack trajectories into micro-batch rows (block-diagonal attention); --no-packed pads rows instead,
-    which bench/update.py measures about 10% faster on the CPU, where sdpa computes every packed row's full
-    attention"""
+    packed: bool = False
+    """pack trajectories into micro-batch rows (block-diagonal attention; the paper's scripts, for GPUs with
+    varlen flash-attention) instead of right-padded rows (the CPU demo: sdpa computes a packed row's full
+    attention, and padded rows made the demo's update about 30% faster)"""
     clip_low: float = 0.2
     """PPO clip below 1"""
     clip_high: float = 0.28
@@ -245,7 +245,11 @@ class Args:
     device: str = "auto"
     """cpu, cuda, or auto"""
     dtype: str = "float32"
-    """float32, bfloat16 or float16 (the paper's code: float16)"""
+    """dtype of the rollout engine's weights: float32, bfloat16 or float16 (the paper's code); on one process a
+    float32 HF engine decodes with the policy's own weights, another dtype gets a copy, refreshed after each update"""
+    update_dtype: str = "bfloat16"
+    """compute dtype of the update's and the old log-probs' forward and backward passes (float32, bfloat16, float16);
+    the weights and optimizer state stay float32: torch.autocast on one process, FSDP2's MixedPrecisionPolicy"""
     deterministic: bool = False
     """bit-exact runs: one request at a time in the engine, deterministic kernels"""
     save_every: int = 1
@@ -340,8 +344,12 @@ def main(args: Args):
     ckpt_path = os.path.join(out, "ckpt.pt")
     if args.resume and not os.path.exists(ckpt_path):
         raise SystemExit(f"--resume: no checkpoint at {ckpt_path}")
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
-    fp16 = dtype == torch.float16
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    for flag in ("dtype", "update_dtype"):
+        if getattr(args, flag) not in dtypes:
+            raise SystemExit(f"--{flag.replace('_', '-')} must be one of {', '.join(dtypes)}, got {getattr(args, flag)!r}")
+    dtype, update_dtype = dtypes[args.dtype], dtypes[args.update_dtype]
+    fp16 = update_dtype == torch.float16  # the backward's dtype: what a loss scale protects
     scaler = grpo.LossScaler(scale=args.loss_scale or (1024.0 if fp16 else 1.0),
                              growth_interval=args.loss_scale_growth if fp16 else 0)
     if master:
@@ -357,32 +365,37 @@ def main(args: Args):
         model_path = sft.warm_start(args.model, tool_format=args.tool_format, seed=args.seed, **fix)  # cached after once
     tokenizer = models.load_tokenizer(model_path)
     if ddp:
-        # FSDP2: fp32 master weights and optimizer state, compute in --dtype, gradients reduced in fp32
+        # FSDP2: fp32 master weights and optimizer state, compute in --update-dtype, gradients reduced in fp32
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
         policy = models.load_model(model_path, dtype=torch.float32).to("cpu" if args.offload else device)
         grpo.freeze_below(policy, args.train_layers)
         if args.lora_rank:  # adapters before sharding, so FSDP2 shards them with their layer
             grpo.add_lora(policy, args.lora_rank, args.lora_alpha, args.train_layers)
-        kw = dict(mp_policy=MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32))
+        kw = dict(mp_policy=MixedPrecisionPolicy(param_dtype=update_dtype, reduce_dtype=torch.float32))
         if args.offload:
             kw["offload_policy"] = CPUOffloadPolicy()
         for layer in policy.model.layers:
             fully_shard(layer, **kw)
         fully_shard(policy, **kw)
-    else:  # one process: the weights live in --dtype (use torchrun, even with one GPU, for fp32 masters)
-        policy = models.load_model(model_path, dtype=dtype).to(device)
+    else:  # one process: fp32 weights; the update's forward passes run under torch.autocast in --update-dtype (amp)
+        policy = models.load_model(model_path, dtype=torch.float32).to(device)
         grpo.freeze_below(policy, args.train_layers)
         if args.lora_rank:
             grpo.add_lora(policy, args.lora_rank, args.lora_alpha, args.train_layers)
-    # Which engine, in one visible place. On one process the HF engine reads the policy's own weights (no
-    # copy, no sync); under FSDP it needs whole weights, so it gets its own copy, refreshed after each
-    # update. SGLang (colocated, one engine per rank) holds its own weights and frees its memory during
-    # the update.
+    amp = None if ddp or update_dtype == torch.float32 else update_dtype  # the one-process update's autocast
+    if torch.device(device).type == "cpu" and torch.bfloat16 in (dtype, update_dtype) and not _native_bf16():
+        log("dtype: this CPU has no native bfloat16 (AVX512-BF16 or AMX), so bfloat16 runs slower than float32 "
+            "here: pass --update-dtype float32 (and --dtype float32)")
+    # Which engine, in one visible place. On one process in float32 the HF engine reads the policy's own
+    # weights (no copy, no sync); in a lower --dtype, or under FSDP, which needs whole weights, it gets its
+    # own copy in --dtype, refreshed after each update (decoding casts no weights). SGLang (colocated, one
+    # engine per rank) holds its own weights and frees its memory during the update.
     if args.engine not in ("hf", "sglang"):
         raise SystemExit(f"--engine must be hf or sglang, got {args.engine!r}")
     gen_model = None
     if args.engine == "hf":
-        gen_model = models.load_model(model_path, dtype=dtype).to(device).eval() if ddp else policy
+        gen_model = (models.load_model(model_path, dtype=dtype).to(device).eval()
+                     if ddp or dtype != torch.float32 else policy)
     eng = engine_mod.build_engine(args.engine, tokenizer, model=gen_model,
                                   model_path=models.resolve(model_path) if args.engine == "sglang" else None,
                                   max_batch=args.engine_batch, deterministic=args.deterministic, dtype=args.dtype,
@@ -391,7 +404,7 @@ def main(args: Args):
     lora_scale = args.lora_alpha / args.lora_rank if args.lora_rank else 0.0  # merged into engine copies and hf/
     ref = None
     if args.kl_coef > 0:
-        ref = models.load_model(model_path, dtype=dtype).to(device).eval()
+        ref = models.load_model(model_path, dtype=torch.float32 if not ddp else update_dtype).to(device).eval()
     sandbox = Sandbox(slots=args.sandbox_slots, timeout_s=args.tool_timeout_s, memory_mb=args.tool_memory_mb,
                       hide=(os.path.abspath(args.out_dir),))  # and the checkout, data, caches: see sandbox._hidden
 
@@ -536,7 +549,8 @@ def main(args: Args):
         # update is taken under the distribution the rollout sampled from, softmax(logits / temperature).
         # The first mini-batch's come from the update's own forward pass (the policy has not moved yet there),
         # so only the later mini-batches need this pass: none when a step is one optimizer step
-        logp_kw = dict(max_tokens_per_micro=args.max_tokens_per_micro, temperature=args.temperature)
+        logp_kw = dict(max_tokens_per_micro=args.max_tokens_per_micro, temperature=args.temperature,
+                       autocast_dtype=amp, packed=args.packed)
         mbs = args.mini_batch_prompts * args.samples_per_prompt // world
         if len(batch) > mbs:
             for b, lp in zip(batch[mbs:], grpo.compute_old_logprobs(policy, batch[mbs:], **logp_kw)):
@@ -557,7 +571,8 @@ def main(args: Args):
                                 clip_high=args.clip_high, dual_clip_c=args.dual_clip_c or None,
                                 kl_coef=args.kl_coef, kl_type=args.kl_type, temperature=args.temperature,
                                 gradient_checkpointing=args.gradient_checkpointing, loss_scale=scaler,
-                                packed=args.packed, skip_nonfinite=args.max_nonfinite_skips > 0)
+                                packed=args.packed, skip_nonfinite=args.max_nonfinite_skips > 0,
+                                autocast_dtype=amp)
         except grpo.NonFiniteLossError as e:
             # no optimizer step touched the weights with the bad gradient; keep what is good and stop
             path = os.path.join(out, f"ckpt-nonfinite-step{step + 1}.pt")
@@ -581,7 +596,7 @@ def main(args: Args):
         t0 = time.perf_counter()
         if args.engine == "sglang":
             eng.resume_memory()
-        if gen_model is not policy:  # FSDP2 full tensors into the engine (it flushes its prefix cache)
+        if gen_model is not policy:  # the fp32 (FSDP2: full) tensors into the engine's copy (it flushes its prefix cache)
             eng.update_weights(_full_state(policy, lora_scale).items())
         eng.flush_cache()  # stale KV from the old weights must never be reused
         t["sync"] = time.perf_counter() - t0
@@ -914,6 +929,16 @@ def _args_of_run(args: Args) -> Args:
     mine = ("run_name", "out_dir", "resume", "eval_only", "eval_saar", "eval_sampled", "device", "wandb_project")
     return dataclasses.replace(Args(**{k: v for k, v in saved.items() if k in names}),
                                **{k: getattr(args, k) for k in mine})
+
+
+def _native_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (without it, bf16 matmuls are emulated and slower than fp32)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return True  # not Linux: no way to tell, no warning
+    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def _full_state(model, lora_scale: float = 0.0) -> dict:

@@ -286,6 +286,43 @@ def test_compute_old_logprobs_splits_packed_rows_back():
         assert g.shape == w.shape and torch.allclose(g, w, atol=1e-5)
 
 
+def test_compute_old_logprobs_in_padded_rows_equal_packed_ones():
+    model = tiny_model()
+    batch = make_batch([12, 30, 7, 19, 25])
+    packed = grpo.compute_old_logprobs(model, batch, max_tokens_per_micro=40, chunk_size=8)
+    padded = grpo.compute_old_logprobs(model, batch, max_tokens_per_micro=40, chunk_size=8, packed=False)
+    for a, b, t in zip(packed, padded, batch):
+        assert b.shape == (len(t.input_ids),) and torch.allclose(a, b, atol=1e-5)
+        assert (b[torch.tensor(t.loss_mask) == 0] == 0).all()
+
+
+def test_autocast_update_keeps_float32_weights_and_steps_smaller_than_bfloat16_can_hold():
+    """--update-dtype bfloat16 on one process: matmuls in bf16 under torch.autocast, the weights and the Adam
+    state in fp32. A step of lr 1e-5 is far below bf16's resolution at these weights (~1e-3): the fp32 weights
+    take it. The negative control, the same update on weights stored in bf16, loses nearly all of it."""
+    batch = make_batch([20, 15, 30, 12], seed=3)
+    kw = dict(mini_batch_size=4, max_tokens_per_micro=64, autocast_dtype=torch.bfloat16)
+
+    def moved(model):
+        before = _params(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0)
+        st = grpo.update(model, opt, None, batch, **kw)
+        assert math.isfinite(st["loss"])
+        diffs = [(p.detach().float() - before[n].float()).abs() for n, p in model.named_parameters()]
+        return torch.cat([d.flatten() for d in diffs]), model
+    d32, m32 = moved(tiny_model(seed=4))
+    assert all(p.dtype == torch.float32 for p in m32.parameters())
+    assert (d32 > 0).float().mean() > 0.8 and d32.max() < 2e-5  # all but unseen tokens' embeddings took a ~lr step
+    d16, _ = moved(tiny_model(seed=4).to(torch.bfloat16))
+    assert (d16 > 0).float().mean() < 0.2  # bf16 weights round the same step away, but for weights near 0
+    # and the update is the fp32 one up to bf16's rounding of the forward pass
+    ref = tiny_model(seed=4)
+    grpo.update(ref, torch.optim.AdamW(ref.parameters(), lr=1e-5, weight_decay=0.0), None, batch,
+                **{**kw, "autocast_dtype": None})
+    for (n, p), q in zip(m32.named_parameters(), ref.parameters()):
+        assert torch.allclose(p, q, atol=2.5e-5), n
+
+
 def test_pack_first_fit_decreasing():
     lengths = [5, 9, 7, 3, 8, 2]
     bins = grpo.pack(lengths, 10)
