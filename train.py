@@ -681,7 +681,7 @@ def _evaluate(loop, eng, sandbox, tokenizer, problems, args, *, step, out_dir, s
 
 
 # fields that cannot change the step-0 evaluation: runs that differ only in these share its cache entry
-NOT_IN_EVAL = {"run_name", "out_dir", "steps", "resume", "faithful", "eval_only", "eval_every", "eval_cache",
+NOT_IN_EVAL = {"run_name", "out_dir", "steps", "resume", "faithful", "eval_only", "eval_every", "eval_cache", "update_dtype",
                "train_data", "data_order", "train_size", "prompts_per_step", "samples_per_prompt", "max_prompt_tokens",
                "saar", "rollback_p", "lr", "warmup_steps", "warmup_unit", "weight_decay", "mini_batch_prompts",
                "train_layers", "max_tokens_per_micro", "packed", "clip_low", "clip_high", "dual_clip_c", "agg",
