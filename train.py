@@ -18,7 +18,8 @@ only the top 12 of 30 layers train (--train-layers; the frozen bottom gets no ba
 last third of the training reward are the first third's); a cold start in which a quarter of the
 conversations make a broken call, read the sandbox's real error and call again (--warm-start-fix 0.25:
 the paper's cold start teaches retrying; without it the model mostly answers after an error, which
-leaves SAAR little to purify).
+leaves SAAR little to purify). --update-dtype bfloat16 --no-packed makes the update about 1.7x faster here
+but changes the numbers (docs/results.md, the speed probe); the three seeds' figures are in float32.
 
     python train.py                                   # CPU demo: ~30 min; ~20 with its cold start and step-0 eval cached
     python train.py --model tiny-qwen3 --steps 2      # the smallest end-to-end run
@@ -192,10 +193,9 @@ class Args:
     """LoRA scale numerator: the adapters' update is scaled by lora_alpha / lora_rank"""
     max_tokens_per_micro: int = 4096
     """token budget of one micro-batch"""
-    packed: bool = False
-    """pack trajectories into micro-batch rows (block-diagonal attention; the paper's scripts, for GPUs with
-    varlen flash-attention) instead of right-padded rows (the CPU demo: sdpa computes a packed row's full
-    attention, and padded rows made the demo's update about 30% faster)"""
+    packed: bool = True
+    """pack trajectories into micro-batch rows (block-diagonal attention); --no-packed pads rows instead, which is
+    faster on the CPU, where sdpa computes every packed row's full attention (docs/results.md: the speed probe)"""
     clip_low: float = 0.2
     """PPO clip below 1"""
     clip_high: float = 0.28
@@ -247,7 +247,7 @@ class Args:
     dtype: str = "float32"
     """dtype of the rollout engine's weights: float32, bfloat16 or float16 (the paper's code); on one process a
     float32 HF engine decodes with the policy's own weights, another dtype gets a copy, refreshed after each update"""
-    update_dtype: str = "bfloat16"
+    update_dtype: str = "float32"
     """compute dtype of the update's and the old log-probs' forward and backward passes (float32, bfloat16, float16);
     the weights and optimizer state stay float32: torch.autocast on one process, FSDP2's MixedPrecisionPolicy"""
     deterministic: bool = False
@@ -681,13 +681,13 @@ def _evaluate(loop, eng, sandbox, tokenizer, problems, args, *, step, out_dir, s
 
 
 # fields that cannot change the step-0 evaluation: runs that differ only in these share its cache entry
-NOT_IN_EVAL = {"run_name", "out_dir", "steps", "resume", "faithful", "eval_only", "eval_every", "eval_cache", "update_dtype",
-               "train_data", "data_order", "train_size", "prompts_per_step", "samples_per_prompt", "max_prompt_tokens",
-               "saar", "rollback_p", "lr", "warmup_steps", "warmup_unit", "weight_decay", "mini_batch_prompts",
-               "train_layers", "max_tokens_per_micro", "packed", "clip_low", "clip_high", "dual_clip_c", "agg",
-               "norm_adv_std", "dynamic_sampling", "max_sample_rounds", "kl_coef", "kl_type", "overlong_buffer",
-               "overlong_penalty", "grad_clip", "max_nonfinite_skips", "gradient_checkpointing", "loss_scale",
-               "loss_scale_growth", "offload", "save_every", "dump_rollouts", "wandb_project"}
+NOT_IN_EVAL = {"run_name", "out_dir", "steps", "resume", "faithful", "eval_only", "eval_every", "eval_cache",
+               "update_dtype", "train_data", "data_order", "train_size", "prompts_per_step", "samples_per_prompt",
+               "max_prompt_tokens", "saar", "rollback_p", "lr", "warmup_steps", "warmup_unit", "weight_decay",
+               "mini_batch_prompts", "train_layers", "max_tokens_per_micro", "packed", "clip_low", "clip_high",
+               "dual_clip_c", "agg", "norm_adv_std", "dynamic_sampling", "max_sample_rounds", "kl_coef", "kl_type",
+               "overlong_buffer", "overlong_penalty", "grad_clip", "max_nonfinite_skips", "gradient_checkpointing",
+               "loss_scale", "loss_scale_growth", "offload", "save_every", "dump_rollouts", "wandb_project"}
 
 
 def _eval_cache_root():
