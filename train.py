@@ -21,7 +21,7 @@ the paper's cold start teaches retrying; without it the model mostly answers aft
 leaves SAAR little to purify). --update-dtype bfloat16 --no-packed makes the update about 1.7x faster here
 but changes the numbers (docs/results.md, the speed probe); the three seeds' figures are in float32.
 
-    python train.py                                   # CPU demo: ~30 min; ~20 with its cold start and step-0 eval cached
+    python train.py                                   # CPU demo: ~30 min; 18-23 with its cold start and step-0 eval cached
     python train.py --model tiny-qwen3 --steps 2      # the smallest end-to-end run
     torchrun --nproc_per_node=4 train.py ...          # one node, FSDP2 over the policy
 
