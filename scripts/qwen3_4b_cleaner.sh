@@ -19,5 +19,5 @@ torchrun --nproc_per_node="$NPROC" train.py \
   --temperature 1.0 --top-p 1.0 --lr 2e-6 --warmup-steps 20 --weight-decay 0.01 --train-layers 0 \
   --clip-low 0.2 --clip-high 0.28 --dual-clip-c 10 --kl-coef 0 --faithful \
   --saar --rollback-p 1.0 --gamma 0.5 --max-retries 3 --max-tool-calls 30 --tool-output-chars 256 \
-  --tool-timeout-s 4 --sandbox-slots 16 --max-tokens-per-micro 23040 --gradient-checkpointing --packed \
+  --tool-timeout-s 4 --sandbox-slots 16 --max-tokens-per-micro 23040 --gradient-checkpointing \
   --dtype float16 --update-dtype float16 --device cuda --steps 235 --eval-every 10 --save-every 10 "$@"
