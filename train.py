@@ -18,8 +18,9 @@ only the top 12 of 30 layers train (--train-layers; the frozen bottom gets no ba
 last third of the training reward are the first third's); a cold start in which a quarter of the
 conversations make a broken call, read the sandbox's real error and call again (--warm-start-fix 0.25:
 the paper's cold start teaches retrying; without it the model mostly answers after an error, which
-leaves SAAR little to purify). --update-dtype bfloat16 --no-packed made the update and old log-probs about 2x faster here
-but changes the numbers (docs/results.md, the speed probe); the three seeds' figures are in float32.
+leaves SAAR little to purify). --update-dtype bfloat16 --no-packed made the update and old log-probs about
+2x faster here but changes the numbers (docs/results.md, the speed probe); the three seeds' figures are in
+float32.
 
     python train.py                                   # CPU demo: ~30 min; 18-23 with its cold start and step-0 eval cached
     python train.py --model tiny-qwen3 --steps 2      # the smallest end-to-end run
