@@ -521,6 +521,7 @@ def run(args: Args) -> dict:
     print(f"[sft] {len(seqs)} conversations, {n_tok} tokens ({n_loss} in the loss, longest "
           f"{max(len(s[0]) for s in seqs)}), model {args.model}, tool format {args.tool_format}", file=sys.stderr)
     model = load_model(args.model)
+    grpo.packed_attention(model)  # packed rows: sdpa sequence by sequence, not over the whole row
     summary = dict(args=dataclasses.asdict(args), conversations=len(seqs), tokens=n_tok, loss_tokens=n_loss)
     if args.eval_n and args.eval_base:
         summary["eval_base"] = _evaluate_model(model, tok, args)

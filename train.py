@@ -369,6 +369,7 @@ def main(args: Args):
         # FSDP2: fp32 master weights and optimizer state, compute in --update-dtype, gradients reduced in fp32
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
         policy = models.load_model(model_path, dtype=torch.float32).to("cpu" if args.offload else device)
+        grpo.packed_attention(policy)  # packed rows: sdpa sequence by sequence, not over the whole row
         grpo.freeze_below(policy, args.train_layers)
         if args.lora_rank:  # adapters before sharding, so FSDP2 shards them with their layer
             grpo.add_lora(policy, args.lora_rank, args.lora_alpha, args.train_layers)
@@ -380,6 +381,7 @@ def main(args: Args):
         fully_shard(policy, **kw)
     else:  # one process: fp32 weights; the update's forward passes run under torch.autocast in --update-dtype (amp)
         policy = models.load_model(model_path, dtype=torch.float32).to(device)
+        grpo.packed_attention(policy)  # packed rows: sdpa sequence by sequence, not over the whole row
         grpo.freeze_below(policy, args.train_layers)
         if args.lora_rank:
             grpo.add_lora(policy, args.lora_rank, args.lora_alpha, args.train_layers)
@@ -406,6 +408,7 @@ def main(args: Args):
     ref = None
     if args.kl_coef > 0:
         ref = models.load_model(model_path, dtype=torch.float32 if not ddp else update_dtype).to(device).eval()
+        grpo.packed_attention(ref)
     sandbox = Sandbox(slots=args.sandbox_slots, timeout_s=args.tool_timeout_s, memory_mb=args.tool_memory_mb,
                       hide=(os.path.abspath(args.out_dir),))  # and the checkout, data, caches: see sandbox._hidden
 

@@ -11,8 +11,10 @@ counts real tokens (padding excluded) over the update's wall time, after a warm-
 A third mode trains LoRA adapters (--lora-rank, packed) instead of the weights: its ratio to the packed mode is
 what train.py's --lora-rank saves per trained token (no weight gradients, a small optimizer state).
 
-On CPU, packed rows use sdpa with a block-diagonal mask, which still computes the full
-(row x row) attention scores; on GPU with flash-attention the packed path is varlen and exact.
+Packed rows run sdpa sequence by sequence (grpo.packed_attention, as train.py and sft.py do). The mode
+"mask" is the same packed rows under transformers' plain sdpa, whose block-diagonal mask still computes
+all (row x row) attention scores: `attn_speedup` is what packed_attention saves. On GPU with
+flash-attention the packed path is varlen already.
 """
 import argparse
 import json
@@ -40,6 +42,8 @@ def run_mode(args) -> dict:
     cfg = transformers.Qwen2Config(vocab_size=args.vocab, hidden_size=args.hidden, num_hidden_layers=args.layers,
                                    num_attention_heads=4, num_key_value_heads=2, intermediate_size=3 * args.hidden)
     model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").float()
+    if args.mode != "mask":
+        grpo.packed_attention(model)
     g = torch.Generator().manual_seed(1)
 
     def trajectories(n, lo, hi):
@@ -83,13 +87,13 @@ def main():
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--lora-rank", type=int, default=16, help="the third mode: packed, LoRA adapters of this rank")
-    p.add_argument("--mode", choices=["packed", "padded", "lora"], help=argparse.SUPPRESS)  # internal: one subprocess
+    p.add_argument("--mode", choices=["packed", "padded", "lora", "mask"], help=argparse.SUPPRESS)  # internal: one subprocess
     args = p.parse_args()
     if args.mode:
         print(json.dumps(run_mode(args)))
         return
     res = {}
-    for mode in ("packed", "padded", "lora"):
+    for mode in ("packed", "padded", "lora", "mask"):
         cmd = [sys.executable, __file__, "--mode", mode] + sys.argv[1:]
         out = subprocess.run(cmd, capture_output=True, text=True)
         if out.returncode:
@@ -100,12 +104,13 @@ def main():
               f"{r['micro_batches']} micro-batches, padding {100 * r['pad_frac']:.0f}% of slots, "
               f"{r['trained_params'] / 1e6:.2f}M trained params, "
               f"peak RSS {r['peak_rss_mb']:.0f} MB (update adds {r['peak_rss_mb'] - r['rss_before_update_mb']:.0f} MB)")
-    pk, pd, lo = res["packed"], res["padded"], res["lora"]
+    pk, pd, lo, mk = res["packed"], res["padded"], res["lora"], res["mask"]
     print(f"bench: update packed_tok_s={pk['tok_s']:.0f} padded_tok_s={pd['tok_s']:.0f} "
           f"speedup={pk['tok_s'] / pd['tok_s']:.2f} padded_pad_frac={pd['pad_frac']:.2f} "
           f"packed_peak_rss_mb={pk['peak_rss_mb']:.0f} padded_peak_rss_mb={pd['peak_rss_mb']:.0f} "
           f"rss_ratio={pk['peak_rss_mb'] / pd['peak_rss_mb']:.2f} lora_tok_s={lo['tok_s']:.0f} "
-          f"lora_speedup={lo['tok_s'] / pk['tok_s']:.2f} lora_param_share={lo['trained_params'] / pk['trained_params']:.3f}")
+          f"lora_speedup={lo['tok_s'] / pk['tok_s']:.2f} lora_param_share={lo['trained_params'] / pk['trained_params']:.3f} "
+          f"mask_tok_s={mk['tok_s']:.0f} attn_speedup={pk['tok_s'] / mk['tok_s']:.2f}")
 
 
 if __name__ == "__main__":

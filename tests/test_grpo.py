@@ -275,6 +275,46 @@ def test_packed_row_equals_each_sequence_alone(kind, attn):
     assert torch.allclose(padded[mb.loss_mask], alone[alone != 0], atol=1e-5)
 
 
+@pytest.mark.parametrize("kind", ["qwen3", "llama"])
+def test_packed_attention_runs_each_sequence_alone_and_leaves_other_calls_unchanged(kind):
+    """grpo.packed_attention: a packed row's log-probs and gradients equal those of sdpa under the block-diagonal
+    mask and of each sequence alone; padded rows, prefill and cached decode give bit-identical outputs."""
+    base, fast = tiny_model(kind, seed=6), tiny_model(kind, seed=6)
+    assert grpo.packed_attention(fast) and fast.config._attn_implementation == grpo.PACKED_SDPA
+    assert not grpo.packed_attention(tiny_model(kind, "eager"))  # other implementations are left alone
+    g = torch.Generator().manual_seed(3)
+    seqs = [torch.randint(0, V, (n,), generator=g) for n in (6, 11, 4, 9)]
+    ids = torch.cat(seqs)[None]
+    pos = torch.cat([torch.arange(len(s)) for s in seqs])[None]
+    out = {}
+    for name, m in (("base", base), ("fast", fast)):
+        lp = grpo.token_logprobs(m, ids, pos)[0]
+        (lp * torch.linspace(-1, 1, lp.numel())).sum().backward()
+        out[name] = lp.detach(), torch.cat([p.grad.flatten() for p in m.parameters()])
+    with torch.no_grad():
+        alone = torch.cat([grpo.token_logprobs(base, s[None], torch.arange(len(s))[None])[0] for s in seqs])
+    assert torch.allclose(out["fast"][0], alone, atol=1e-5) and torch.allclose(out["fast"][0], out["base"][0], atol=1e-5)
+    assert torch.allclose(out["fast"][1], out["base"][1], atol=1e-5, rtol=1e-4)
+    # control: the same row without restarting positions is one long sequence, and the answers differ
+    with torch.no_grad():
+        leaky = grpo.token_logprobs(fast, ids, torch.arange(ids.shape[1])[None])[0]
+    assert not torch.allclose(leaky[6:], alone[6:], atol=1e-3)
+    # everything that is not a packed row goes through transformers' sdpa unchanged, bit for bit
+    trajs = [TrainSeq(input_ids=s.tolist(), loss_mask=[0] + [1] * (len(s) - 1)) for s in seqs]
+    mb = grpo.collate(trajs, packed=False)
+    with torch.no_grad():
+        padded = [m(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits for m in (base, fast)]
+        steps = []
+        for m in (base, fast):
+            c = transformers.DynamicCache()
+            a = m(input_ids=seqs[1][None], use_cache=True, cache=c).logits
+            b = m(input_ids=seqs[2][:1][None], position_ids=torch.tensor([[11]]), use_cache=True,
+                  cache=c).logits
+            steps.append((a, b))
+    assert torch.equal(*padded)
+    assert torch.equal(steps[0][0], steps[1][0]) and torch.equal(steps[0][1], steps[1][1])
+
+
 def test_compute_old_logprobs_splits_packed_rows_back():
     model = tiny_model()
     batch = make_batch([12, 30, 7, 19, 25])
