@@ -18,11 +18,11 @@ only the top 12 of 30 layers train (--train-layers; the frozen bottom gets no ba
 last third of the training reward are the first third's); a cold start in which a quarter of the
 conversations make a broken call, read the sandbox's real error and call again (--warm-start-fix 0.25:
 the paper's cold start teaches retrying; without it the model mostly answers after an error, which
-leaves SAAR little to purify). --update-dtype bfloat16 --no-packed made the update and old log-probs about
-2x faster here but changes the numbers (docs/results.md, the speed probe); the three seeds' figures are in
-float32.
+leaves SAAR little to purify). Packed rows attend sequence by sequence (grpo.packed_attention), which
+halved the update's time here. --update-dtype bfloat16 --no-packed was as fast, but changes the numbers
+(docs/results.md, the speed probe); the three seeds' figures are in float32.
 
-    python train.py                                   # CPU demo: ~30 min; 18-23 with its cold start and step-0 eval cached
+    python train.py                                   # CPU demo: 23-30 min; 18-27 with its cold start and step-0 eval cached
     python train.py --model tiny-qwen3 --steps 2      # the smallest end-to-end run
     torchrun --nproc_per_node=4 train.py ...          # one node, FSDP2 over the policy
 
@@ -195,8 +195,7 @@ class Args:
     max_tokens_per_micro: int = 4096
     """token budget of one micro-batch"""
     packed: bool = True
-    """pack trajectories into micro-batch rows (block-diagonal attention); --no-packed pads rows instead, which is
-    faster on the CPU, where sdpa computes every packed row's full attention (docs/results.md: the speed probe)"""
+    """pack trajectories into micro-batch rows, attended one by one (grpo.packed_attention); --no-packed pads rows"""
     clip_low: float = 0.2
     """PPO clip below 1"""
     clip_high: float = 0.28
