@@ -318,7 +318,7 @@ def generate(args: Args, problems: list[Problem]) -> list[dict]:
     import rollout
     import saar
     from data import models
-    from engine import build_engine
+    from engine import build_engine, column_major
     from sandbox import Sandbox
 
     templates = rollout.load_prompt_template(args.prompt_template) if args.prompt_template else None
@@ -333,7 +333,10 @@ def generate(args: Args, problems: list[Problem]) -> list[dict]:
     print(f"eval: {args.model} on {'sglang' if args.engine == 'sglang' else device}, response budget {budget} tokens, "
           f"{args.max_turns} turns, tool format {fmt}", flush=True)
     sglang = args.engine == "sglang"
-    eng = build_engine(args.engine, tok, model=None if sglang else models.load_model(args.model, device=device).eval(),
+    model = None if sglang else models.load_model(args.model, device=device).eval()
+    if model is not None and device == "cpu":
+        column_major(model)  # linear weights column-major: MKL runs a decode step's few rows faster (engine.py)
+    eng = build_engine(args.engine, tok, model=model,
                        model_path=models.resolve(args.model) if sglang else None, max_batch=args.engine_batch,
                        mem_fraction_static=args.sglang_mem_fraction, seed=args.seed)
     # the rollout's settings, once; test-time SAAR per benchmark below

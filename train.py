@@ -141,6 +141,9 @@ class Args:
     """hf (transformers, any device) or sglang (GPU: an in-process SGLang engine per rank, colocated)"""
     engine_batch: int = 32
     """most sequences the HF engine decodes at once"""
+    engine_column_major: bool = True
+    """on CPU, the HF engine decodes with its own copy of the weights, linear weights column-major (engine.column_major:
+    MKL multiplies a decode step's few rows faster so), refreshed after each update; off: the policy's own weights"""
     sglang_mem_fraction: float = 0.5
     """GPU memory share of each SGLang engine (KV cache and weights; the paper: 0.8 with offloaded training)"""
     sglang_url: str = ""
@@ -388,16 +391,20 @@ def main(args: Args):
     if torch.device(device).type == "cpu" and torch.bfloat16 in (dtype, update_dtype) and not _native_bf16():
         log("dtype: this CPU has no native bfloat16 (AVX512-BF16 or AMX), so bfloat16 runs slower than float32 "
             "here: pass --update-dtype float32 (and --dtype float32)")
-    # Which engine, in one visible place. On one process in float32 the HF engine reads the policy's own
-    # weights (no copy, no sync); in a lower --dtype, or under FSDP, which needs whole weights, it gets its
-    # own copy in --dtype, refreshed after each update (decoding casts no weights). SGLang (colocated, one
-    # engine per rank) holds its own weights and frees its memory during the update.
+    # Which engine, in one visible place. The HF engine gets its own copy of the weights, refreshed after each
+    # update, in a lower --dtype (decoding casts no weights), under FSDP (which needs whole weights), and on CPU
+    # with --engine-column-major (its linear weights column-major: faster decode steps); otherwise (float32 on
+    # a GPU, one process) it reads the policy's own weights, no copy, no sync. SGLang (colocated, one engine
+    # per rank) holds its own weights and frees its memory during the update.
     if args.engine not in ("hf", "sglang"):
         raise SystemExit(f"--engine must be hf or sglang, got {args.engine!r}")
     gen_model = None
     if args.engine == "hf":
+        column_major = args.engine_column_major and torch.device(device).type == "cpu"
         gen_model = (models.load_model(model_path, dtype=dtype).to(device).eval()
-                     if ddp or dtype != torch.float32 else policy)
+                     if ddp or dtype != torch.float32 or column_major else policy)
+        if column_major:
+            engine_mod.column_major(gen_model)
     eng = engine_mod.build_engine(args.engine, tokenizer, model=gen_model,
                                   model_path=models.resolve(model_path) if args.engine == "sglang" else None,
                                   max_batch=args.engine_batch, deterministic=args.deterministic, dtype=args.dtype,

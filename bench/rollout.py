@@ -7,12 +7,14 @@ Figures:
   3. SAAR on versus off on a workload with injected errors, same prompts and seeds: per rollback,
      the tokens regenerated, the generated tokens that end up in no trajectory (the replaced
      reasoning or call), and the added wall time (on minus off, over the rollbacks: noisy, since
-     the continuations after a rollback differ from the raw ones).
+     the continuations after a rollback differ from the raw ones);
+  4. the same batched requests as in 1 on a copy with column-major linear weights (engine.column_major, as
+     train.py and eval.py decode on CPU) against the row-major model; parts 2 and 3 then use that copy.
 The model is the demo's warm SmolLM2-135M (sft.py's cold start, built once and cached) so that it
 really writes code; `--model` picks another. Errors are injected by a tool wrapper that fails each
 trajectory's first call with a NameError, as a model's typo would.
 
-    python bench/rollout.py [--model smollm2-135m] [--requests 16] [--new-tokens 128] [--parts 1,2,3]
+    python bench/rollout.py [--model smollm2-135m] [--requests 16] [--new-tokens 128] [--parts 1,2,3,4]
 
 About 4 minutes on 2 cores with the defaults (the 5-minute bench budget): part 1 runs 6 of the 16 requests
 one at a time, part 3 rolls out 16 trajectories per setting.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import sys
 import time
 from pathlib import Path
@@ -30,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import rollout  # noqa: E402
 import saar  # noqa: E402
 from data import models, synth  # noqa: E402
-from engine import HFEngine, SamplingParams  # noqa: E402
+from engine import HFEngine, SamplingParams, column_major  # noqa: E402
 from sandbox import Sandbox  # noqa: E402
 
 
@@ -98,7 +101,7 @@ def main():
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--budget", type=int, default=384, help="response tokens per trajectory")
     ap.add_argument("--no-warm", action="store_true", help="use the base model, not the SFT warm start")
-    ap.add_argument("--parts", default="1,2,3", help="which figures to measure (see above)")
+    ap.add_argument("--parts", default="1,2,3,4", help="which figures to measure (see above)")
     ap.add_argument("--saar-requests", type=int, default=16, help="trajectories per setting in part 3")
     ap.add_argument("--single-requests", type=int, default=6,
                     help="part 1: how many of the requests also run one at a time (tok/s is compared, so a subset will do)")
@@ -132,6 +135,27 @@ def main():
         figures["batched_x"] = (n_batched / t_batched) / (n_single / t_single)
         print(f"engine: batched {n_batched / t_batched:.1f} tok/s ({a.requests} requests), "
               f"one at a time {n_single / t_single:.1f} tok/s: {figures['batched_x']:.2f}x", flush=True)
+
+    # ---- 4. the same batched requests, decoded with column-major linear weights
+    if 4 in parts:
+        params = [SamplingParams(max_new_tokens=a.new_tokens, seed=i) for i in range(a.requests)]
+        if 1 not in parts:  # the row-major figure, measured here
+            eng.flush_cache()
+            t0 = time.perf_counter()
+            outs = loop.run_until_complete(gather(*[eng.generate(p, q) for p, q in zip(prompts, params)]))
+            t_batched, n_batched = time.perf_counter() - t0, sum(len(o.token_ids) for o in outs)
+        col = HFEngine(column_major(copy.deepcopy(model)), tok, max_batch=max(a.requests, a.saar_requests))
+        loop.run_until_complete(col.generate(prompts[0], SamplingParams(max_new_tokens=4)))  # warm-up
+        t0 = time.perf_counter()
+        outs_c = loop.run_until_complete(gather(*[col.generate(p, q) for p, q in zip(prompts, params)]))
+        t_col, n_col = time.perf_counter() - t0, sum(len(o.token_ids) for o in outs_c)
+        figures["column_major_x"] = (n_col / t_col) / (n_batched / t_batched)
+        same = sum(o.token_ids == c.token_ids for o, c in zip(outs, outs_c))
+        print(f"engine: column-major weights {n_col / t_col:.1f} tok/s, row-major {n_batched / t_batched:.1f} tok/s "
+              f"({a.requests} requests): {figures['column_major_x']:.2f}x; {same} of {a.requests} requests sampled the "
+              f"same tokens", flush=True)
+        eng.shutdown()
+        eng = col  # parts 2 and 3 decode as train.py does on CPU
 
     meter = Meter(eng)
     kw = dict(tool_format="markdown", max_turns=4, max_response_tokens=a.budget, eos_ids=eng.eos_token_ids)

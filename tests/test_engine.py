@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from data.models import load_model, load_tokenizer
-from engine import GenOutput, HFEngine, SamplingParams
+from engine import GenOutput, HFEngine, SamplingParams, column_major
 
 TEXTS = ["hello world", "a much longer prompt, with quite a few more bytes in it than the others",
          "x", "def f(x):\n    return x * 2\n", "the quick brown fox jumps over"]
@@ -357,6 +357,34 @@ def test_update_weights_changes_outputs_and_flushes_the_prefix_cache(bytes_mt, e
     assert after.token_ids == hf_greedy(other, p, 12, [])
     with pytest.raises(KeyError, match="no parameter"):
         engine.update_weights([("not.a.weight", torch.zeros(1))])
+
+
+def test_column_major_weights_keep_values_and_ties_decode_alike_and_take_weight_pushes(mt, engine_of):
+    model, tok = mt
+    cm = column_major(copy.deepcopy(model))
+    ref, got = model.state_dict(), cm.state_dict()
+    assert got.keys() == ref.keys() and all(torch.equal(got[k], ref[k]) for k in ref)  # same values
+    lin = [m.weight for m in cm.modules() if isinstance(m, torch.nn.Linear)]
+    assert len(lin) > 4 and all(w.t().is_contiguous() and not w.is_contiguous() for w in lin)  # the transpose's memory
+    assert cm.lm_head.weight is cm.model.embed_tokens.weight  # the tie survives
+    prompts = [tok.encode(t) for t in TEXTS]
+    greedy = SamplingParams(temperature=0, max_new_tokens=16)
+    plain, col = engine_of(model, tok, max_batch=8), engine_of(cm, tok, max_batch=8)
+    a, b = run(gen_all(plain, prompts, greedy)), run(gen_all(col, prompts, greedy))
+    assert col.stats["max_rows"] >= 2
+    for x, y in zip(a, b):  # another summation order: the same tokens, log-probs equal to float32 rounding
+        assert x.token_ids == y.token_ids
+        torch.testing.assert_close(torch.tensor(y.logprobs), torch.tensor(x.logprobs), atol=1e-4, rtol=0)
+    # a weight push (the trainer's sync after an update) lands in the copy and keeps its layout
+    torch.manual_seed(0)
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        for t in other.parameters():
+            t.add_(torch.randn_like(t) * 0.5)
+    col.update_weights((n, t.clone()) for n, t in other.named_parameters())
+    assert all(w.t().is_contiguous() for w in lin) and torch.equal(cm.lm_head.weight, other.lm_head.weight)
+    p = prompts[1]
+    assert run(col.generate(p, greedy)).token_ids == hf_greedy(other, p, 16, col.eos_token_ids)
 
 
 def test_multi_turn_prompts_reuse_the_previous_turns_kv(mt, engine_of):
