@@ -57,6 +57,16 @@ def forward_logprobs(model, ids, out, temperature=1.0):
     return torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(out)[:, None])[:, 0]
 
 
+def perturbed(model):
+    """A copy of model with every weight moved by seeded noise: other weights to push into an engine."""
+    torch.manual_seed(0)
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        for t in other.parameters():
+            t.add_(torch.randn_like(t) * 0.5)
+    return other
+
+
 async def gen_all(engine, prompts, params):
     if isinstance(params, SamplingParams):
         params = [params] * len(prompts)
@@ -344,11 +354,7 @@ def test_update_weights_changes_outputs_and_flushes_the_prefix_cache(bytes_mt, e
     engine.update_weights(model.named_parameters())
     assert run(engine.generate(p, greedy)).token_ids == before.token_ids
 
-    torch.manual_seed(0)
-    other = copy.deepcopy(model)
-    with torch.no_grad():
-        for t in other.parameters():
-            t.add_(torch.randn_like(t) * 0.5)
+    other = perturbed(model)
     engine.update_weights((n, t.clone()) for n, t in other.named_parameters())
     hits = engine.stats["prefix_hit_tokens"]
     after = run(engine.generate(p, greedy))
@@ -376,11 +382,7 @@ def test_column_major_weights_keep_values_and_ties_decode_alike_and_take_weight_
         assert x.token_ids == y.token_ids
         torch.testing.assert_close(torch.tensor(y.logprobs), torch.tensor(x.logprobs), atol=1e-4, rtol=0)
     # a weight push (the trainer's sync after an update) lands in the copy and keeps its layout
-    torch.manual_seed(0)
-    other = copy.deepcopy(model)
-    with torch.no_grad():
-        for t in other.parameters():
-            t.add_(torch.randn_like(t) * 0.5)
+    other = perturbed(model)
     col.update_weights((n, t.clone()) for n, t in other.named_parameters())
     assert all(w.t().is_contiguous() for w in lin) and torch.equal(cm.lm_head.weight, other.lm_head.weight)
     p = prompts[1]
