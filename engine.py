@@ -582,10 +582,11 @@ def column_major(model: torch.nn.Module) -> torch.nn.Module:
     """Store every nn.Linear weight of `model` column-major, in place, and return the model. Each weight keeps its
     (out, in) shape and values, but its memory holds the contiguous transpose (in, out), so F.linear hands MKL a
     plain (rows, in) @ (in, out) product instead of a product with a transposed operand. MKL's sgemm for the few
-    rows of a decode step is faster that way: SmolLM2-135M's decode step on 2 cores took 244 -> 169 ms at 16 rows
-    and 303 -> 260 ms at 32 (bench/rollout.py, part 4). The results differ from the row-major ones in the last
-    bits (another summation order). A weight tied to an embedding (SmolLM2's lm_head) stays tied. For inference
-    copies: a trained module's optimizer and checkpoints expect contiguous weights."""
+    rows of a decode step is faster that way: SmolLM2-135M's decode step over 400 cached tokens, on 2 cores, took
+    244 -> 169 ms at 16 rows and 303 -> 260 ms at 32 (bench/rollout.py part 4 compares the tokens/s of batched
+    generation). The results differ from the row-major ones in the last bits (another summation order). A weight
+    tied to an embedding (SmolLM2's lm_head) stays tied. For inference copies: a trained module's optimizer and
+    checkpoints expect contiguous weights."""
     old = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]  # held, so their ids stay unique
     linear, new = {id(w) for w in old}, {}
     with torch.no_grad():
