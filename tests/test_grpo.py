@@ -336,6 +336,71 @@ def test_compute_old_logprobs_in_padded_rows_equal_packed_ones():
         assert (b[torch.tensor(t.loss_mask) == 0] == 0).all()
 
 
+def group_batch(prompts=(7, 11, 5), samples=4, seed=0):
+    """GRPO-shaped: per prompt, `samples` trajectories that share it (loss mask 0) and go on differently."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for p in prompts:
+        prompt = torch.randint(0, V, (p,), generator=g).tolist()
+        for _ in range(samples):
+            n = int(torch.randint(3, 15, (), generator=g))
+            resp = torch.randint(0, V, (n,), generator=g).tolist()
+            mask = [0] * p + [1] * n
+            if n > 4:
+                mask[p + 2] = 0  # a tool output inside the response: no loss, not shared
+            out.append(TrainSeq(input_ids=prompt + resp, loss_mask=mask, advantage=float(torch.randn((), generator=g)),
+                                old_logp=(-5.0 + 0.3 * torch.randn(p + n, generator=g)).tolist()))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "llama"])
+def test_shared_prompt_packing_gives_the_same_logprobs_and_update_for_fewer_tokens(kind):
+    """A group's samples packed behind one copy of their prompt: the same old log-probs and the same weights
+    after an update as each sample packed whole, with the prompt copies counted as shared; a row that skips
+    the prompt without the branch-aware attention gives other log-probs (the control)."""
+    batch = group_batch()
+    assert grpo.shared_prompts(batch) == [0, 7, 7, 7, 0, 11, 11, 11, 0, 5, 5, 5]
+    res = {}
+    for share in (False, True):
+        model = tiny_model(kind, seed=4)
+        grpo.packed_attention(model)
+        old = grpo.compute_old_logprobs(model, batch, max_tokens_per_micro=64, share_prompts=share)
+        opt, sched = torch.optim.SGD(model.parameters(), lr=0.5), None
+        st = grpo.update(model, opt, sched, batch, mini_batch_size=8, max_tokens_per_micro=64, share_prompts=share)
+        res[share] = old, _params(model), st
+    for a, b, t in zip(res[False][0], res[True][0], batch):
+        assert b.shape == (len(t.input_ids),) and torch.allclose(a, b, atol=1e-5)
+    assert all(torch.allclose(p, res[False][1][n], atol=1e-5) for n, p in res[True][1].items())
+    assert res[True][2]["shared_tokens"] == 3 * (7 + 11 + 5) and res[False][2]["shared_tokens"] == 0
+    assert res[True][2]["tokens"] == res[False][2]["tokens"] == sum(len(t.input_ids) for t in batch)
+    assert res[True][2]["pad_frac"] == 0.0
+    # control: the same shared row under transformers' own sdpa (a block per segment) loses the prompt
+    model = tiny_model(kind, seed=4).eval()
+    mb = grpo.collate(batch[:4], share=True)
+    assert mb.input_ids.shape[1] == sum(len(t.input_ids) for t in batch[:4]) - 3 * 7
+    with torch.no_grad():
+        lp = grpo.token_logprobs(model, mb.input_ids, mb.position_ids, mask=mb.loss_mask)
+    blind = torch.cat(grpo._rows_to_seqs(lp, mb, True))
+    assert not torch.allclose(blind, torch.cat(res[False][0][:4]), atol=1e-3)
+
+
+def test_shared_prompt_runs_stay_whole_in_micro_batches_or_repeat_the_prompt():
+    """Packing plans runs at their shared cost; a run too long for one micro-batch is cut, each piece with its own
+    prompt; the old log-probs still equal the unshared ones."""
+    batch = group_batch(prompts=(20, 20), samples=4, seed=3)
+    shared = grpo.shared_prompts(batch)
+    bins = grpo._plan([len(t.input_ids) for t in batch], 60, True, torch.device("cpu"), shared)
+    assert sorted(i for b in bins for i in b) == list(range(8))
+    for b in bins:  # each bin fits when laid out, with each piece's first trajectory whole
+        mb = grpo.collate([batch[i] for i in b], share=True)
+        assert mb.input_ids.shape[1] <= 60
+    model = tiny_model(seed=2)
+    grpo.packed_attention(model)
+    a = grpo.compute_old_logprobs(model, batch, max_tokens_per_micro=60)
+    b = grpo.compute_old_logprobs(model, batch, max_tokens_per_micro=60, share_prompts=False)
+    assert all(torch.allclose(x, y, atol=1e-5) for x, y in zip(a, b))
+
+
 def test_autocast_update_keeps_float32_weights_and_steps_smaller_than_bfloat16_can_hold():
     """--update-dtype bfloat16 on one process: matmuls in bf16 under torch.autocast, the weights and the Adam
     state in fp32. A step of lr 1e-5 is far below bf16's resolution at these weights (~1e-3): the fp32 weights
