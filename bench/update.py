@@ -15,6 +15,10 @@ Packed rows run sdpa sequence by sequence (grpo.packed_attention, as train.py an
 "mask" is the same packed rows under transformers' plain sdpa, whose block-diagonal mask still computes
 all (row x row) attention scores: `attn_speedup` is what packed_attention saves. On GPU with
 flash-attention the packed path is varlen already.
+
+The modes "grouped" and "shared" train GRPO-shaped trajectories instead: groups of --group samples that
+share a prompt of --group-prompt tokens, packed whole ("grouped") or behind one copy of their prompt
+(grpo.shared_prompts, train.py's default): `share_speedup` counts the same trajectories' tokens a second.
 """
 import argparse
 import json
@@ -59,11 +63,23 @@ def run_mode(args) -> dict:
                                        old_logp=[-8.0] * L))
         return out
 
-    warm, batch = trajectories(2, 40, 80), trajectories(args.n, args.min_len, args.max_len)
+    def groups(n, lo, hi):
+        """n trajectories, GRPO-shaped: each group of args.group shares its prompt, then goes on its own way."""
+        out = []
+        for t in trajectories(n, lo, hi):
+            if len(out) % args.group == 0:
+                prompt = torch.randint(0, args.vocab, (args.group_prompt,), generator=g).tolist()
+            resp = t.input_ids[args.prompt:]
+            out.append(grpo.TrainSeq(input_ids=prompt + resp, loss_mask=[0] * len(prompt) + t.loss_mask[args.prompt:],
+                                       advantage=t.advantage, old_logp=[-8.0] * (len(prompt) + len(resp))))
+        return out
+
+    make = groups if args.mode in ("grouped", "shared") else trajectories
+    warm, batch = make(2, 40, 80), make(args.n, args.min_len, args.max_len)
     if args.mode == "lora":  # adapters on every layer: the frozen weights get input gradients, no weight gradients
         grpo.add_lora(model, args.lora_rank, 2.0 * args.lora_rank)
     opt, sched = grpo.make_optimizer(model, lr=1e-5, warmup_steps=1)
-    kw = dict(max_tokens_per_micro=args.max_tokens, packed=args.mode != "padded")
+    kw = dict(max_tokens_per_micro=args.max_tokens, packed=args.mode != "padded", share_prompts=args.mode == "shared")
     grpo.update(model, opt, sched, warm, mini_batch_size=2, **kw)
     base = rss_mb()
     t0 = time.perf_counter()
@@ -87,13 +103,15 @@ def main():
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--lora-rank", type=int, default=16, help="the third mode: packed, LoRA adapters of this rank")
-    p.add_argument("--mode", choices=["packed", "padded", "lora", "mask"], help=argparse.SUPPRESS)  # internal: one subprocess
+    p.add_argument("--group", type=int, default=4, help="grouped/shared modes: samples per prompt (the demo's 4)")
+    p.add_argument("--group-prompt", type=int, default=128, help="grouped/shared modes: prompt tokens (the demo's ~125)")
+    p.add_argument("--mode", choices=["packed", "padded", "lora", "mask", "grouped", "shared"], help=argparse.SUPPRESS)  # internal: one subprocess
     args = p.parse_args()
     if args.mode:
         print(json.dumps(run_mode(args)))
         return
     res = {}
-    for mode in ("packed", "padded", "lora", "mask"):
+    for mode in ("packed", "padded", "lora", "mask", "grouped", "shared"):
         cmd = [sys.executable, __file__, "--mode", mode] + sys.argv[1:]
         out = subprocess.run(cmd, capture_output=True, text=True)
         if out.returncode:
@@ -104,13 +122,14 @@ def main():
               f"{r['micro_batches']} micro-batches, padding {100 * r['pad_frac']:.0f}% of slots, "
               f"{r['trained_params'] / 1e6:.2f}M trained params, "
               f"peak RSS {r['peak_rss_mb']:.0f} MB (update adds {r['peak_rss_mb'] - r['rss_before_update_mb']:.0f} MB)")
-    pk, pd, lo, mk = res["packed"], res["padded"], res["lora"], res["mask"]
+    pk, pd, lo, mk, gr, sh = (res[m] for m in ("packed", "padded", "lora", "mask", "grouped", "shared"))
     print(f"bench: update packed_tok_s={pk['tok_s']:.0f} padded_tok_s={pd['tok_s']:.0f} "
           f"speedup={pk['tok_s'] / pd['tok_s']:.2f} padded_pad_frac={pd['pad_frac']:.2f} "
           f"packed_peak_rss_mb={pk['peak_rss_mb']:.0f} padded_peak_rss_mb={pd['peak_rss_mb']:.0f} "
           f"rss_ratio={pk['peak_rss_mb'] / pd['peak_rss_mb']:.2f} lora_tok_s={lo['tok_s']:.0f} "
           f"lora_speedup={lo['tok_s'] / pk['tok_s']:.2f} lora_param_share={lo['trained_params'] / pk['trained_params']:.3f} "
-          f"mask_tok_s={mk['tok_s']:.0f} attn_speedup={pk['tok_s'] / mk['tok_s']:.2f}")
+          f"mask_tok_s={mk['tok_s']:.0f} attn_speedup={pk['tok_s'] / mk['tok_s']:.2f} "
+          f"grouped_tok_s={gr['tok_s']:.0f} shared_tok_s={sh['tok_s']:.0f} share_speedup={sh['tok_s'] / gr['tok_s']:.2f}")
 
 
 if __name__ == "__main__":
