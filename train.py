@@ -21,8 +21,10 @@ the paper's cold start teaches retrying; without it the model mostly answers aft
 leaves SAAR little to purify). Packed rows attend sequence by sequence (grpo.packed_attention), which
 halved the update's time here, and on CPU the engine decodes with a copy of the weights laid out
 column-major (engine.column_major, --engine-column-major), which took a third off two steps' rollouts
-side by side. --update-dtype bfloat16 --no-packed was as fast, but changes the numbers (docs/results.md,
-the speed probe); the three seeds' figures are in float32.
+side by side. A group's samples share one copy of their prompt in the packed rows (--share-prompts:
+20-30% off the update, side by side), and checkpoints are written while the next step rolls out.
+--update-dtype bfloat16 --no-packed was as fast, but changes the numbers (docs/results.md, the speed
+probe); the three seeds' figures are in float32.
 
     python train.py                                   # CPU demo: 23-30 min; 18-27 with its cold start and step-0 eval cached
     python train.py --model tiny-qwen3 --steps 2      # the smallest end-to-end run
