@@ -298,6 +298,7 @@ def load_problems(spec: str, *, seed: int, n: int | None):
 
 
 def main(args: Args):
+    run_clock = _cpu_clock()  # the run's wall time and CPU steal, printed on its last line
     import asyncio
     import subprocess
 
@@ -497,7 +498,7 @@ def main(args: Args):
             log(f"eval step {start_step} | " + _format_eval(ev) + (f" | cached {key}" if ev.get("eval_cached") else ""))
             writer(dict(ev, step=start_step))
     for step in range(start_step, start_step if args.eval_only else args.steps):
-        t = {}
+        t, step_clock = {}, _cpu_clock()
         # ---------------------------------------------------------- rollout and rewards
         # One round of prompts_per_step groups. With --dynamic-sampling (DAPO), a group whose samples are all
         # right or all wrong has zero advantage, so it is dropped and further rounds refill the step
@@ -636,6 +637,7 @@ def main(args: Args):
         m["step"] = step + 1
         if args.eval_size and ((args.eval_every and (step + 1) % args.eval_every == 0) or step + 1 == args.steps):
             m.update(_evaluate(loop, eng, sandbox, tokenizer, eval_set, args, step=step + 1, **eval_kw))
+        m.update(_since(step_clock))
         if master:
             log(_format_line(m))
             writer(m)
@@ -656,7 +658,8 @@ def main(args: Args):
     loop.close()
     if ddp:
         dist.destroy_process_group()
-    log(f"done: {out}")
+    wall = _since(run_clock)
+    log(f"done: {out} in {wall['t_wall']:.0f} s" + (f" (CPU steal {wall['cpu_steal']:.0%})" if "cpu_steal" in wall else ""))
 
 
 # ---------------------------------------------------------------------- helpers of the loop
@@ -858,6 +861,26 @@ def _summary(out: str, last_step: int) -> list[str]:
     return lines
 
 
+def _cpu_clock() -> tuple[float, int, int]:
+    """(wall clock, steal jiffies, all jiffies) of the whole machine, from /proc/stat's cpu line (Linux)."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
+    except (OSError, ValueError):
+        return (time.perf_counter(), 0, 0)
+    return (time.perf_counter(), ticks[7] if len(ticks) == 8 else 0, sum(ticks))
+
+
+def _since(clock) -> dict:
+    """t_wall since the clock, and cpu_steal: the share of the machine's CPU time the hypervisor gave to other
+    guests meanwhile. On a shared VM this, not the code, often explains a slow step; absent where unreadable."""
+    now = _cpu_clock()
+    out = dict(t_wall=now[0] - clock[0])
+    if now[2] > clock[2]:
+        out["cpu_steal"] = (now[1] - clock[1]) / (now[2] - clock[2])
+    return out
+
+
 def _step_metrics(trajs, rewards, correct, adv_stats, stats, t) -> dict:
     n = max(1, len(trajs))
     calls = sum(tr.num_tool_calls for tr in trajs)
@@ -883,6 +906,8 @@ def _format_line(m: dict) -> str:
          f"| tool_err {m['tool_err']:.2f} | saar s/d/g {m['saar_shallow']}/{m['saar_deep']}/{m['saar_given_up']} "
          f"| resp_len {m['resp_len']:.0f} | t rollout {m['t_rollout']:.1f}s reward {m['t_reward']:.1f}s "
          f"old_logp {m['t_old_logp']:.1f}s update {m['t_update']:.1f}s sync {m['t_sync']:.2f}s")
+    if "cpu_steal" in m:
+        s += f" steal {m['cpu_steal']:.0%}"
     if m.get("skipped_steps"):
         s += f" | fp16 overflow: {m['skipped_steps']} mini-batch(es) skipped, loss scale now {m['loss_scale']:g}"
     s += f" | first_err {m['first_tool_err']:.2f}"

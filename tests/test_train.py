@@ -1,6 +1,7 @@
 """train.py end to end in subprocesses: a short run, SIGKILL mid-step, --resume, bit-for-bit continuation."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -234,6 +235,11 @@ def test_held_out_eval_before_and_after_with_summary(tmp_path):
     assert summary["lines"][0] in run.stdout
     m = metrics(folder)
     assert "eval_greedy_acc" in m[0] and "eval_greedy_saar_acc" in m[1] and "first_tool_err" in m[1]
+    # the step's wall time holds its phases and its evaluation; the CPU steal is a share of the machine's time
+    phases = sum(m[1][f"t_{k}"] for k in ("rollout", "reward", "old_logp", "update", "sync", "eval"))
+    assert phases <= m[1]["t_wall"] < phases + 30 and 0 <= m[1]["cpu_steal"] <= 1
+    assert re.search(r"^step +1 \|.* sync [0-9.]+s steal \d+% \|", run.stdout, re.M), run.stdout[-2000:]
+    assert re.search(r"^done: \S+ in \d+ s \(CPU steal \d+%\)$", run.stdout, re.M), run.stdout[-2000:]
 
 
 def test_eval_only_adds_test_time_saar_to_a_finished_run(tmp_path):
