@@ -26,7 +26,7 @@ side by side. A group's samples share one copy of their prompt in the packed row
 --update-dtype bfloat16 --no-packed was as fast, but changes the numbers (docs/results.md, the speed
 probe); the three seeds' figures are in float32.
 
-    python train.py                                   # CPU demo: 23-30 min; 16.5-27 with its cold start and step-0 eval cached
+    python train.py                                   # CPU demo: 17.5-23 min; 13-14.5 with its cold start and step-0 eval cached
     python train.py --model tiny-qwen3 --steps 2      # the smallest end-to-end run
     torchrun --nproc_per_node=4 train.py ...          # one node, FSDP2 over the policy
 
