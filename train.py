@@ -867,8 +867,10 @@ def _cpu_clock() -> tuple[float, int, int]:
         with open("/proc/stat") as f:
             ticks = [int(x) for x in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
     except (OSError, ValueError):
+        ticks = []
+    if len(ticks) < 8:  # no /proc/stat, or a kernel without the steal column: _since reports no steal
         return (time.perf_counter(), 0, 0)
-    return (time.perf_counter(), ticks[7] if len(ticks) == 8 else 0, sum(ticks))
+    return (time.perf_counter(), ticks[7], sum(ticks))
 
 
 def _since(clock) -> dict:
