@@ -218,8 +218,6 @@ class Grpo:
     """LoRA scale numerator: the adapters' update is scaled by lora_alpha / lora_rank"""
     max_tokens_per_micro: int = 4096
     """token budget of one micro-batch"""
-    packed: bool = True
-    """pack trajectories into micro-batch rows, attended one by one (packing.py); --no-packed pads rows"""
     share_prompts: bool = True
     """packed rows hold a group's samples behind one copy of their prompt: the same loss and gradient, up to
     float rounding, for fewer tokens (packing.py)"""

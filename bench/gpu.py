@@ -45,8 +45,10 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+import config  # noqa: E402
 import engine as engine_mod  # noqa: E402
 import grpo  # noqa: E402
+import precision  # noqa: E402
 from engine import SamplingParams  # noqa: E402
 
 # Qwen3 shapes (the released config.json files); "tiny" is ours, for CPU runs.
@@ -142,11 +144,12 @@ def step(policy, opt, sched, eng, g, *, batch: int, prompt_len: int, gen_len: in
     outs, t_roll = timed(lambda: generate_all(eng, prompts, gen_len, seed), device)
     trajs = [grpo.TrainSeq(input_ids=p + o.token_ids, loss_mask=[0] * len(p) + [1] * len(o.token_ids),
                              advantage=float(torch.randn((), generator=g))) for p, o in zip(prompts, outs)]
-    old, t_old = timed(lambda: grpo.compute_old_logprobs(policy, trajs, max_tokens_per_micro=micro), device)
+    cfg = config.Grpo(max_tokens_per_micro=micro, gradient_checkpointing=grad_ckpt)
+    old, t_old = timed(lambda: grpo.compute_old_logprobs(policy, trajs, cfg, temperature=1.0), device)
     for t, lp in zip(trajs, old):
         t.old_logp = lp
-    st, t_upd = timed(lambda: grpo.update(policy, opt, sched, trajs, mini_batch_size=len(trajs),
-                                          max_tokens_per_micro=micro, gradient_checkpointing=grad_ckpt), device)
+    st, t_upd = timed(lambda: grpo.update(policy, opt, sched, trajs, cfg, mini_batch_size=len(trajs), max_len=gen_len,
+                                          temperature=1.0, scaler=precision.LossScaler()), device)
     if not math.isfinite(st["loss"]):
         raise SystemExit(f"bench/gpu.py: the update's loss is {st['loss']}")
     _, t_sync = timed(lambda: eng.update_weights(policy.named_parameters()), device)

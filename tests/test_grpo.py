@@ -1,5 +1,6 @@
-"""Tests for grpo.py: advantages, the clipped loss, aggregation, chunked and packed log-probs,
-the update loop (accumulation, NaN guard, learning), and 2-rank FSDP2 equivalence.
+"""Tests for grpo.py, packing.py and precision.py: advantages, the clipped loss, aggregation, chunked and
+packed log-probs, shared-prompt packing, the update loop (accumulation, NaN guard, loss scaling, learning),
+and 2-rank FSDP2 equivalence.
 
 The models are tiny random Hugging Face configs built here (the one thing tests may fake).
 """
@@ -16,7 +17,10 @@ import torch.multiprocessing as mp
 import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import config  # noqa: E402
 import grpo  # noqa: E402
+import packing  # noqa: E402
+import precision  # noqa: E402
 from grpo import NonFiniteLossError, TrainSeq  # noqa: E402
 
 V = 300
@@ -53,6 +57,18 @@ def make_batch(lengths, seed=0, prompt=3, adv=None):
         old = (-5.0 + 0.3 * torch.randn(n, generator=g)).tolist()
         out.append(TrainSeq(input_ids=ids, loss_mask=mask, advantage=a, old_logp=old))
     return out
+
+
+def update(model, opt, sched, batch, *, mini_batch_size, scaler=None, autocast_dtype=None, **settings):
+    """grpo.update with config.Grpo's defaults but for `settings` (its fields), max_len 64, temperature 1."""
+    return grpo.update(model, opt, sched, batch, config.Grpo(**settings), mini_batch_size=mini_batch_size,
+                       max_len=64, temperature=1.0, scaler=precision.LossScaler() if scaler is None else scaler,
+                       autocast_dtype=autocast_dtype)
+
+
+def old_logprobs(model, batch, **settings):
+    """grpo.compute_old_logprobs with config.Grpo's defaults but for `settings`, temperature 1."""
+    return grpo.compute_old_logprobs(model, batch, config.Grpo(**settings), temperature=1.0)
 
 
 # ----------------------------------------------------------------------------- advantages
@@ -234,7 +250,7 @@ def test_chunked_logprobs_equal_plain_values_and_gradients(tie):
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             out = fn()
         return out, [s for s in shapes if s and s[-1] == V]  # logits-like: (..., vocab)
-    lp, logit_like = saved_activations(lambda: grpo.token_logprobs(model, ids, pos, chunk_size=5)[0])
+    lp, logit_like = saved_activations(lambda: packing.token_logprobs(model, ids, pos, chunk_size=5)[0])
     assert torch.allclose(lp, ref, atol=1e-5) and lp[0] == 0
     (lp * w).sum().backward()
     for n, p in model.named_parameters():
@@ -247,7 +263,7 @@ def test_chunked_logprobs_equal_plain_values_and_gradients(tie):
     mask = torch.zeros(1, 37, dtype=torch.bool)
     mask[0, [3, 10, 36]] = True
     with torch.no_grad():
-        lp_m = grpo.token_logprobs(model, ids, pos, mask=mask, chunk_size=2)[0]
+        lp_m = packing.token_logprobs(model, ids, pos, mask=mask, chunk_size=2)[0]
     assert torch.allclose(lp_m[mask[0]], ref[mask[0]].detach(), atol=1e-5) and lp_m[~mask[0]].eq(0).all()
 
 
@@ -260,50 +276,44 @@ def test_packed_row_equals_each_sequence_alone(kind, attn):
     ids = torch.cat(seqs)[None]
     pos = torch.cat([torch.arange(len(s)) for s in seqs])[None]
     with torch.no_grad():
-        packed = grpo.token_logprobs(model, ids, pos)[0]
-        alone = torch.cat([grpo.token_logprobs(model, s[None], torch.arange(len(s))[None])[0] for s in seqs])
+        packed = packing.token_logprobs(model, ids, pos)[0]
+        alone = torch.cat([packing.token_logprobs(model, s[None], torch.arange(len(s))[None])[0] for s in seqs])
         # control: without restarting positions the sequences attend to each other
-        leaky = grpo.token_logprobs(model, ids, torch.arange(ids.shape[1])[None])[0]
+        leaky = packing.token_logprobs(model, ids, torch.arange(ids.shape[1])[None])[0]
     assert torch.allclose(packed, alone, atol=1e-5)
     assert not torch.allclose(leaky[5:], alone[5:], atol=1e-3)
-    # the padded layout (the bench's baseline) agrees too
-    trajs = [TrainSeq(input_ids=s.tolist(), loss_mask=[0] + [1] * (len(s) - 1)) for s in seqs]
-    mb = grpo.collate(trajs, packed=False)
-    with torch.no_grad():
-        padded = grpo.token_logprobs(model, mb.input_ids, mb.position_ids, attention_mask=mb.attention_mask,
-                                     mask=mb.loss_mask)
-    assert torch.allclose(padded[mb.loss_mask], alone[alone != 0], atol=1e-5)
 
 
 @pytest.mark.parametrize("kind", ["qwen3", "llama"])
 def test_packed_attention_runs_each_sequence_alone_and_leaves_other_calls_unchanged(kind):
-    """grpo.packed_attention: a packed row's log-probs and gradients equal those of sdpa under the block-diagonal
+    """packing.packed_attention: a packed row's log-probs and gradients equal those of sdpa under the block-diagonal
     mask and of each sequence alone; padded rows, prefill and cached decode give bit-identical outputs."""
     base, fast = tiny_model(kind, seed=6), tiny_model(kind, seed=6)
-    assert grpo.packed_attention(fast) and fast.config._attn_implementation == grpo.PACKED_SDPA
-    assert not grpo.packed_attention(tiny_model(kind, "eager"))  # other implementations are left alone
+    assert packing.packed_attention(fast) and fast.config._attn_implementation == packing.PACKED_SDPA
+    assert not packing.packed_attention(tiny_model(kind, "eager"))  # other implementations are left alone
     g = torch.Generator().manual_seed(3)
     seqs = [torch.randint(0, V, (n,), generator=g) for n in (6, 11, 4, 9)]
     ids = torch.cat(seqs)[None]
     pos = torch.cat([torch.arange(len(s)) for s in seqs])[None]
     out = {}
     for name, m in (("base", base), ("fast", fast)):
-        lp = grpo.token_logprobs(m, ids, pos)[0]
+        lp = packing.token_logprobs(m, ids, pos)[0]
         (lp * torch.linspace(-1, 1, lp.numel())).sum().backward()
         out[name] = lp.detach(), torch.cat([p.grad.flatten() for p in m.parameters()])
     with torch.no_grad():
-        alone = torch.cat([grpo.token_logprobs(base, s[None], torch.arange(len(s))[None])[0] for s in seqs])
+        alone = torch.cat([packing.token_logprobs(base, s[None], torch.arange(len(s))[None])[0] for s in seqs])
     assert torch.allclose(out["fast"][0], alone, atol=1e-5) and torch.allclose(out["fast"][0], out["base"][0], atol=1e-5)
     assert torch.allclose(out["fast"][1], out["base"][1], atol=1e-5, rtol=1e-4)
     # control: the same row without restarting positions is one long sequence, and the answers differ
     with torch.no_grad():
-        leaky = grpo.token_logprobs(fast, ids, torch.arange(ids.shape[1])[None])[0]
+        leaky = packing.token_logprobs(fast, ids, torch.arange(ids.shape[1])[None])[0]
     assert not torch.allclose(leaky[6:], alone[6:], atol=1e-3)
     # everything that is not a packed row goes through transformers' sdpa unchanged, bit for bit
-    trajs = [TrainSeq(input_ids=s.tolist(), loss_mask=[0] + [1] * (len(s) - 1)) for s in seqs]
-    mb = grpo.collate(trajs, packed=False)
+    L = max(len(s) for s in seqs)  # right-padded rows, as the engine batches prompts
+    rows = torch.stack([torch.nn.functional.pad(s, (0, L - len(s))) for s in seqs])
+    attn = torch.stack([torch.arange(L) < len(s) for s in seqs]).long()
     with torch.no_grad():
-        padded = [m(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits for m in (base, fast)]
+        padded = [m(input_ids=rows, attention_mask=attn).logits for m in (base, fast)]
         steps = []
         for m in (base, fast):
             c = transformers.DynamicCache()
@@ -320,20 +330,10 @@ def test_compute_old_logprobs_splits_packed_rows_back():
     batch = make_batch([12, 30, 7, 19, 25])
     with torch.no_grad():
         want = [plain_logprobs(model, torch.tensor([t.input_ids])) * torch.tensor(t.loss_mask) for t in batch]
-    got = grpo.compute_old_logprobs(model, batch, max_tokens_per_micro=40, chunk_size=8)
+    got = old_logprobs(model, batch, max_tokens_per_micro=40)
     assert model.training  # mode restored
     for g, w in zip(got, want):
         assert g.shape == w.shape and torch.allclose(g, w, atol=1e-5)
-
-
-def test_compute_old_logprobs_in_padded_rows_equal_packed_ones():
-    model = tiny_model()
-    batch = make_batch([12, 30, 7, 19, 25])
-    packed = grpo.compute_old_logprobs(model, batch, max_tokens_per_micro=40, chunk_size=8)
-    padded = grpo.compute_old_logprobs(model, batch, max_tokens_per_micro=40, chunk_size=8, packed=False)
-    for a, b, t in zip(packed, padded, batch):
-        assert b.shape == (len(t.input_ids),) and torch.allclose(a, b, atol=1e-5)
-        assert (b[torch.tensor(t.loss_mask) == 0] == 0).all()
 
 
 def group_batch(prompts=(7, 11, 5), samples=4, seed=0):
@@ -359,14 +359,14 @@ def test_shared_prompt_packing_gives_the_same_logprobs_and_update_for_fewer_toke
     after an update as each sample packed whole, with the prompt copies counted as shared; a row that skips
     the prompt without the branch-aware attention gives other log-probs (the control)."""
     batch = group_batch()
-    assert grpo.shared_prompts(batch) == [0, 7, 7, 7, 0, 11, 11, 11, 0, 5, 5, 5]
+    assert packing.shared_prompts(batch) == [0, 7, 7, 7, 0, 11, 11, 11, 0, 5, 5, 5]
     res = {}
     for share in (False, True):
         model = tiny_model(kind, seed=4)
-        grpo.packed_attention(model)
-        old = grpo.compute_old_logprobs(model, batch, max_tokens_per_micro=64, share_prompts=share)
+        packing.packed_attention(model)
+        old = old_logprobs(model, batch, max_tokens_per_micro=64, share_prompts=share)
         opt, sched = torch.optim.SGD(model.parameters(), lr=0.5), None
-        st = grpo.update(model, opt, sched, batch, mini_batch_size=8, max_tokens_per_micro=64, share_prompts=share)
+        st = update(model, opt, sched, batch, mini_batch_size=8, max_tokens_per_micro=64, share_prompts=share)
         res[share] = old, _params(model), st
     for a, b, t in zip(res[False][0], res[True][0], batch):
         assert b.shape == (len(t.input_ids),) and torch.allclose(a, b, atol=1e-5)
@@ -376,11 +376,11 @@ def test_shared_prompt_packing_gives_the_same_logprobs_and_update_for_fewer_toke
     assert res[True][2]["pad_frac"] == 0.0
     # control: the same shared row under transformers' own sdpa (a block per segment) loses the prompt
     model = tiny_model(kind, seed=4).eval()
-    mb = grpo.collate(batch[:4], share=True)
+    mb = packing.collate(batch[:4], share=True)
     assert mb.input_ids.shape[1] == sum(len(t.input_ids) for t in batch[:4]) - 3 * 7
     with torch.no_grad():
-        lp = grpo.token_logprobs(model, mb.input_ids, mb.position_ids, mask=mb.loss_mask)
-    blind = torch.cat(grpo._rows_to_seqs(lp, mb, True))
+        lp = packing.token_logprobs(model, mb.input_ids, mb.position_ids, mask=mb.loss_mask)
+    blind = torch.cat(mb.per_sequence(lp))
     assert not torch.allclose(blind, torch.cat(res[False][0][:4]), atol=1e-3)
 
 
@@ -388,16 +388,16 @@ def test_shared_prompt_runs_stay_whole_in_micro_batches_or_repeat_the_prompt():
     """Packing plans runs at their shared cost; a run too long for one micro-batch is cut, each piece with its own
     prompt; the old log-probs still equal the unshared ones."""
     batch = group_batch(prompts=(20, 20), samples=4, seed=3)
-    shared = grpo.shared_prompts(batch)
-    bins = grpo._plan([len(t.input_ids) for t in batch], 60, True, torch.device("cpu"), shared)
+    shared = packing.shared_prompts(batch)
+    bins = packing._plan([len(t.input_ids) for t in batch], 60, torch.device("cpu"), shared)
     assert sorted(i for b in bins for i in b) == list(range(8))
     for b in bins:  # each bin fits when laid out, with each piece's first trajectory whole
-        mb = grpo.collate([batch[i] for i in b], share=True)
+        mb = packing.collate([batch[i] for i in b], share=True)
         assert mb.input_ids.shape[1] <= 60
     model = tiny_model(seed=2)
-    grpo.packed_attention(model)
-    a = grpo.compute_old_logprobs(model, batch, max_tokens_per_micro=60)
-    b = grpo.compute_old_logprobs(model, batch, max_tokens_per_micro=60, share_prompts=False)
+    packing.packed_attention(model)
+    a = old_logprobs(model, batch, max_tokens_per_micro=60)
+    b = old_logprobs(model, batch, max_tokens_per_micro=60, share_prompts=False)
     assert all(torch.allclose(x, y, atol=1e-5) for x, y in zip(a, b))
 
 
@@ -411,7 +411,7 @@ def test_autocast_update_keeps_float32_weights_and_steps_smaller_than_bfloat16_c
     def moved(model):
         before = _params(model)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0)
-        st = grpo.update(model, opt, None, batch, **kw)
+        st = update(model, opt, None, batch, **kw)
         assert math.isfinite(st["loss"])
         diffs = [(p.detach().float() - before[n].float()).abs() for n, p in model.named_parameters()]
         return torch.cat([d.flatten() for d in diffs]), model
@@ -422,24 +422,24 @@ def test_autocast_update_keeps_float32_weights_and_steps_smaller_than_bfloat16_c
     assert (d16 > 0).float().mean() < 0.2  # bf16 weights round the same step away, but for weights near 0
     # and the update is the fp32 one up to bf16's rounding of the forward pass
     ref = tiny_model(seed=4)
-    grpo.update(ref, torch.optim.AdamW(ref.parameters(), lr=1e-5, weight_decay=0.0), None, batch,
-                **{**kw, "autocast_dtype": None})
+    update(ref, torch.optim.AdamW(ref.parameters(), lr=1e-5, weight_decay=0.0), None, batch,
+           **{**kw, "autocast_dtype": None})
     for (n, p), q in zip(m32.named_parameters(), ref.parameters()):
         assert torch.allclose(p, q, atol=2.5e-5), n
 
 
 def test_pack_first_fit_decreasing():
     lengths = [5, 9, 7, 3, 8, 2]
-    bins = grpo.pack(lengths, 10)
+    bins = packing.pack(lengths, 10)
     assert sorted(i for b in bins for i in b) == list(range(6))
     assert all(sum(lengths[i] for i in b) <= 10 for b in bins)
     assert len(bins) == 4  # 34 tokens need at least 4 bins of 10
     assert bins == [[1], [4, 5], [2, 3], [0]]
-    more = grpo._split_to(bins, 7, lengths)
+    more = packing._split_to(bins, 7, lengths)
     assert len(more) == 7 and sorted(i for b in more for i in b) == list(range(6))
     assert all(sum(lengths[i] for i in b) <= 10 for b in more) and more.count([]) == 1
     with pytest.raises(ValueError, match="trajectory 1 has 9 tokens"):
-        grpo.pack(lengths, 8)
+        packing.pack(lengths, 8)
 
 
 def test_check_batch_names_the_bad_trajectory():
@@ -467,12 +467,12 @@ def _params(model):
 def test_global_normaliser_makes_micro_batches_equal_one_batch(agg):
     lengths = [40, 12, 33, 9, 27, 18, 50, 6]
     batch = make_batch(lengths)
-    kw = dict(mini_batch_size=8, grad_clip=None, agg=agg, max_len=64)
+    kw = dict(mini_batch_size=8, grad_clip=0.0, agg=agg)  # max_len 64
     results = []
     for max_tokens, ckpt in [(1000, False), (60, False), (60, True)]:  # 1 micro-batch vs several
         model = tiny_model()
         opt = torch.optim.SGD(model.parameters(), lr=0.5)
-        st = grpo.update(model, opt, None, batch, max_tokens_per_micro=max_tokens, gradient_checkpointing=ckpt, **kw)
+        st = update(model, opt, None, batch, max_tokens_per_micro=max_tokens, gradient_checkpointing=ckpt, **kw)
         results.append((st, _params(model), {n: p.grad.clone() for n, p in model.named_parameters()}))
     assert results[0][0]["n_micro_batches"] == 1 and results[1][0]["n_micro_batches"] >= 4
     for st, params, grads in results[1:]:
@@ -486,8 +486,8 @@ def test_global_normaliser_makes_micro_batches_equal_one_batch(agg):
     def grads_of(parts, global_norm):
         model = tiny_model()
         for part in parts:
-            mb = grpo.collate(part)
-            lp = grpo.token_logprobs(model, mb.input_ids, mb.position_ids, mask=mb.loss_mask)
+            mb = packing.collate(part)
+            lp = packing.token_logprobs(model, mb.input_ids, mb.position_ids, mask=mb.loss_mask)
             norm = grpo.loss_normaliser(batch, agg) if global_norm else None
             loss, _ = grpo.policy_loss(lp, mb.old_logp, mb.adv, mb.loss_mask, agg=agg, max_len=64,
                                        seq_ids=mb.seq_ids, normaliser=norm)
@@ -505,8 +505,8 @@ def test_loss_scale_is_undone_before_the_clip_and_step():
     for scale in (1.0, 1024.0):
         model = tiny_model()
         opt = torch.optim.SGD(model.parameters(), lr=0.5)
-        st = grpo.update(model, opt, None, batch, mini_batch_size=3, max_tokens_per_micro=1000, grad_clip=1.0,
-                         loss_scale=scale)
+        st = update(model, opt, None, batch, mini_batch_size=3, max_tokens_per_micro=1000, grad_clip=1.0,
+                    scaler=precision.LossScaler(scale=scale))
         out.append((st, _params(model)))
     assert out[1][0]["loss"] == pytest.approx(out[0][0]["loss"], rel=1e-6)
     moved = False
@@ -528,11 +528,23 @@ def test_nonfinite_loss_raises_before_weights_change():
         vals[bad_t] = float("nan") if field == "old_logp" else float("inf")
         setattr(t, field, vals)
         with pytest.raises(NonFiniteLossError, match="trajectories \\[2\\]"):
-            grpo.update(model, opt, sched, batch, mini_batch_size=4, max_tokens_per_micro=32)
+            update(model, opt, sched, batch, mini_batch_size=4, max_tokens_per_micro=32)
         after = _params(model)
         assert all(torch.equal(before[n], after[n]) for n in before)
         assert not opt.state and sched.last_epoch == 0
         assert all(p.grad is None for p in model.parameters())
+
+
+def test_loss_scaler_from_the_config_scales_only_a_float16_backward_by_default():
+    s = precision.loss_scaler(config.Grpo(update_dtype="float16"))
+    assert (s.scale, s.growth_interval) == (1024.0, 200) and s.can_skip()  # dynamic
+    for dtype in ("float32", "bfloat16"):
+        s = precision.loss_scaler(config.Grpo(update_dtype=dtype))
+        assert (s.scale, s.growth_interval) == (1.0, 0) and not s.can_skip()
+    s = precision.loss_scaler(config.Grpo(update_dtype="bfloat16", loss_scale=8.0))
+    assert (s.scale, s.growth_interval) == (8.0, 0)  # --loss-scale by hand: static outside float16
+    s = precision.loss_scaler(config.Grpo(update_dtype="float16", loss_scale=64.0, loss_scale_growth=0))
+    assert (s.scale, s.growth_interval) == (64.0, 0) and not s.can_skip()
 
 
 def test_dynamic_loss_scale_skips_an_overflowed_step_and_halves():
@@ -544,29 +556,29 @@ def test_dynamic_loss_scale_skips_an_overflowed_step_and_halves():
         before = _params(model)
         if poison:  # an fp16 overflow: finite losses, an infinite gradient
             next(model.parameters()).register_hook(lambda g: g * float("inf"))
-        return model, before, grpo.update(model, opt, sched, batch, mini_batch_size=4, max_tokens_per_micro=64,
-                                          loss_scale=scaler), opt, sched
+        return model, before, update(model, opt, sched, batch, mini_batch_size=4, max_tokens_per_micro=64,
+                                     scaler=scaler), opt, sched
 
-    scaler = grpo.LossScaler(scale=1024.0, growth_interval=3)
+    scaler = precision.LossScaler(scale=1024.0, growth_interval=3)
     model, before, st, opt, sched = run(scaler, poison=True)
     assert st["skipped_steps"] == 1 and st["loss_scale"] == 512.0 and scaler.skipped_steps == 1
     assert all(torch.equal(before[n], p) for n, p in _params(model).items())  # the step was not taken
     assert not opt.state and sched.last_epoch == 0
     # static, or dynamic already at its floor: the same gradient stops the update
-    for scaler in (grpo.LossScaler(scale=1024.0), grpo.LossScaler(scale=1.0, growth_interval=3)):
+    for scaler in (precision.LossScaler(scale=1024.0), precision.LossScaler(scale=1.0, growth_interval=3)):
         with pytest.raises(NonFiniteLossError, match="non-finite gradient in mini-batch 0.*grad_norm=(inf|nan)"):
             run(scaler, poison=True)
     # healthy steps grow the scale after growth_interval of them, and the update equals an unscaled one
-    scaler = grpo.LossScaler(scale=8.0, growth_interval=2)
+    scaler = precision.LossScaler(scale=8.0, growth_interval=2)
     model, _, st, _, _ = run(scaler, poison=False)
-    ref, _, _, _, _ = run(1.0, poison=False)
-    model2, _, _, _, _ = run(grpo.LossScaler(scale=8.0, growth_interval=2), poison=False)
+    ref, _, _, _, _ = run(precision.LossScaler(), poison=False)
+    model2, _, _, _, _ = run(precision.LossScaler(scale=8.0, growth_interval=2), poison=False)
     assert st["skipped_steps"] == 0 and scaler.good_steps == 1 and scaler.scale == 8.0
     assert all(torch.allclose(p, _params(ref)[n], atol=1e-6) for n, p in _params(model).items())
     batch2 = make_batch([20, 15, 30, 12, 9, 14, 22, 18])
     model = tiny_model()
     opt, sched = grpo.make_optimizer(model, lr=1e-3, warmup_steps=2)
-    grpo.update(model, opt, sched, batch2, mini_batch_size=4, max_tokens_per_micro=64, loss_scale=scaler)
+    update(model, opt, sched, batch2, mini_batch_size=4, max_tokens_per_micro=64, scaler=scaler)
     assert scaler.scale == 16.0 and scaler.good_steps == 1  # 3 good steps in all: one doubling
 
 
@@ -600,9 +612,9 @@ def test_training_on_a_learnable_reward_raises_it():
         adv, _ = grpo.compute_advantages(rewards, group_size=n)
         batch = [TrainSeq(input_ids=row.tolist(), loss_mask=[0] * 3 + [1] * resp_len, advantage=a)
                  for row, a in zip(ids, adv.tolist())]
-        for t, lp in zip(batch, grpo.compute_old_logprobs(model, batch, max_tokens_per_micro=64)):
+        for t, lp in zip(batch, old_logprobs(model, batch, max_tokens_per_micro=64)):
             t.old_logp = lp
-        st = grpo.update(model, opt, sched, batch, mini_batch_size=16, max_tokens_per_micro=64)
+        st = update(model, opt, sched, batch, mini_batch_size=16, max_tokens_per_micro=64)
         assert st["n_mini_batches"] == 2 and math.isfinite(st["loss"])
     end = good_mass()
     assert start < 0.15 and end > 2 * start, (start, end, rewards_seen)
@@ -633,7 +645,7 @@ def _rank_main(rank, world, port, out_dir):
     # rank r holds half of each mini-batch of 8 (of 7 for the last); rank 0 gets the long ones, so
     # rank 1 must split its micro-batches and, in the last mini-batch, run an empty dummy one
     mine = [t for k in (0, 8) for t in (batch[k:k + 4] if rank == 0 else batch[k + 4:k + 8])]
-    st = grpo.update(model, opt, None, mine, mini_batch_size=4, max_tokens_per_micro=60, grad_clip=1.0)
+    st = update(model, opt, None, mine, mini_batch_size=4, max_tokens_per_micro=60, grad_clip=1.0)
     params = {n: p.full_tensor().tolist() for n, p in model.named_parameters()}
     if rank == 0:
         Path(out_dir, "params.json").write_text(json.dumps({"params": params, "grad_norm": st["grad_norm"]}))
@@ -646,8 +658,8 @@ DIST_LENGTHS = [50, 44, 38, 47, 6, 9, 12, 8, 41, 55, 30, 36, 10, 7, 5]
 def test_two_fsdp2_ranks_equal_one_process(tmp_path):
     model = tiny_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    st = grpo.update(model, opt, None, make_batch(DIST_LENGTHS), mini_batch_size=8, max_tokens_per_micro=60,
-                     grad_clip=1.0)
+    st = update(model, opt, None, make_batch(DIST_LENGTHS), mini_batch_size=8, max_tokens_per_micro=60,
+                grad_clip=1.0)
     mp.spawn(_rank_main, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
     got = json.loads((tmp_path / "params.json").read_text())
     assert got["grad_norm"] == pytest.approx(st["grad_norm"], rel=1e-4)
@@ -665,9 +677,9 @@ def test_first_mini_batch_old_logp_from_the_update_pass_is_exact():
         for t in batch:
             t.old_logp = None
         todo = batch if fill == "all" else batch[3:]
-        for t, lp in zip(todo, grpo.compute_old_logprobs(model, todo, max_tokens_per_micro=64)):
+        for t, lp in zip(todo, old_logprobs(model, todo, max_tokens_per_micro=64)):
             t.old_logp = lp
-        st = grpo.update(model, opt, sched, batch, mini_batch_size=3, max_tokens_per_micro=64)
+        st = update(model, opt, sched, batch, mini_batch_size=3, max_tokens_per_micro=64)
         return _params(model), st
     ref, st_ref = run("all")
     fused, st = run("later")
@@ -678,7 +690,7 @@ def test_first_mini_batch_old_logp_from_the_update_pass_is_exact():
     batch = make_batch([10, 10, 10])
     batch[2].old_logp = None
     with pytest.raises(ValueError, match="trajectory 2: old_logp is missing outside the first mini-batch"):
-        grpo.update(model, opt, sched, batch, mini_batch_size=2, max_tokens_per_micro=64)
+        update(model, opt, sched, batch, mini_batch_size=2, max_tokens_per_micro=64)
 
 
 def test_freeze_below_trains_only_the_top_layers():
@@ -688,7 +700,7 @@ def test_freeze_below_trains_only_the_top_layers():
     assert trainable and all(n.startswith(("model.layers.1.", "model.norm.")) for n in trainable)
     before = _params(model)
     opt, sched = grpo.make_optimizer(model, lr=1e-2, warmup_steps=1)
-    grpo.update(model, opt, sched, make_batch([12, 16, 9, 20]), mini_batch_size=4, max_tokens_per_micro=64)
+    update(model, opt, sched, make_batch([12, 16, 9, 20]), mini_batch_size=4, max_tokens_per_micro=64)
     after = _params(model)
     changed = {n for n in after if not torch.equal(after[n], before[n])}
     assert changed and changed <= trainable and "model.layers.1.mlp.up_proj.weight" in changed
@@ -710,8 +722,8 @@ def test_lora_starts_at_the_model_trains_only_adapters_and_merges_exactly():
     assert trainable and all(".lora_" in n and ".layers.1." in n for n in trainable)
     assert {n.split(".lora_")[0].rsplit(".", 1)[-1] for n in trainable} == set(grpo.LORA_TARGETS)
     opt, _ = grpo.make_optimizer(model, lr=1e-2, warmup_steps=0)
-    grpo.update(model, opt, None, make_batch([10, 12, 9, 11], adv=[1.0, -1.0, 0.5, -0.5]), mini_batch_size=4,
-                max_tokens_per_micro=1000)
+    update(model, opt, None, make_batch([10, 12, 9, 11], adv=[1.0, -1.0, 0.5, -0.5]), mini_batch_size=4,
+           max_tokens_per_micro=1000)
     state = model.state_dict()
     for k, v in state.items():  # the warm start's weights, bit for bit
         if ".lora_" not in k:

@@ -26,7 +26,10 @@ import json
 import pytest
 import torch
 
+import config
 import grpo
+import packing
+import precision
 import reward
 import rollout
 import saar
@@ -48,6 +51,7 @@ GROUP = 8                     # samples per prompt (a GRPO group)
 STEPS = 10
 LR = 1e-2
 EVAL_PER_PROMPT = 64          # 4 x 64 = 256 evaluation samples, the same seeds every time
+CFG = config.Grpo()           # the update's settings: the defaults (token-mean, 4096-token micro-batches)
 
 
 def _reward(token_ids) -> float:
@@ -98,11 +102,12 @@ def _train(base, tok, prompts, *, sign: float, seed: int = 0):
             adv = adv * sign
             batch = [grpo.TrainSeq(input_ids=p + o.token_ids, loss_mask=[0] * len(p) + [1] * len(o.token_ids),
                                      advantage=a) for p, o, a in zip(ps, outs, adv.tolist())]
-            for b, o, lp in zip(batch, outs, grpo.compute_old_logprobs(model, batch, max_tokens_per_micro=4096)):
+            for b, o, lp in zip(batch, outs, grpo.compute_old_logprobs(model, batch, CFG, temperature=1.0)):
                 b.old_logp = lp
                 # the engine sampled from exactly the policy being trained (no stale KV, no stale weights)
                 assert torch.allclose(lp[-RESP_LEN:], torch.tensor(o.logprobs), atol=1e-3), step
-            st = grpo.update(model, opt, sched, batch, mini_batch_size=len(batch), max_tokens_per_micro=4096)
+            st = grpo.update(model, opt, sched, batch, CFG, mini_batch_size=len(batch), max_len=RESP_LEN,
+                             temperature=1.0, scaler=precision.LossScaler())
             assert st["n_mini_batches"] == 1 and st["loss_tokens"] == len(batch) * RESP_LEN
             eng.flush_cache()  # the prompts' cached KV was computed by the old weights
         r1, p1 = evaluate()
@@ -222,14 +227,14 @@ def test_tool_tokens_get_no_gradient_and_saar_splice_does():
         batch.append(grpo.TrainSeq(input_ids=t.prompt_ids + t.response_ids,
                                      loss_mask=[0] * len(t.prompt_ids) + t.loss_mask, advantage=a, is_weight=isw))
     model = load_model("tiny-qwen3")  # random weights, built once from a fixed seed
-    for b, lp in zip(batch, grpo.compute_old_logprobs(model, batch, max_tokens_per_micro=4096)):
+    for b, lp in zip(batch, grpo.compute_old_logprobs(model, batch, CFG, temperature=1.0)):
         b.old_logp = lp
 
     # d loss / d logp_t at EVERY position: the log-probs are computed for all tokens (no mask), then the
     # loss is grpo.policy_loss called as grpo.update calls it (packed row, global normaliser, seq_ids)
     model.train()
-    mb = grpo.collate(batch)
-    logp = grpo.token_logprobs(model, mb.input_ids, mb.position_ids)
+    mb = packing.collate(batch)
+    logp = packing.token_logprobs(model, mb.input_ids, mb.position_ids)
     loss, _ = grpo.policy_loss(logp, mb.old_logp, mb.adv, mb.loss_mask, is_weight=mb.is_weight,
                                normaliser=grpo.loss_normaliser(batch, "token-mean"), seq_ids=mb.seq_ids)
     (g,) = torch.autograd.grad(loss, logp)
@@ -249,7 +254,8 @@ def test_tool_tokens_get_no_gradient_and_saar_splice_does():
     # one real update on this batch: the same loss, and the weights move
     before = {n: q.detach().clone() for n, q in model.named_parameters()}
     opt, sched = grpo.make_optimizer(model, lr=1e-3, warmup_steps=1)
-    st = grpo.update(model, opt, sched, batch, mini_batch_size=2, max_tokens_per_micro=4096)
+    st = grpo.update(model, opt, sched, batch, CFG, mini_batch_size=2, max_len=4096, temperature=1.0,
+                     scaler=precision.LossScaler())
     assert st["loss"] == pytest.approx(loss.item(), rel=1e-4, abs=1e-6)
     assert st["loss_tokens"] == sum(sum(b.loss_mask) for b in batch)
     assert any(not torch.equal(before[n], q) for n, q in model.named_parameters())
