@@ -319,6 +319,50 @@ class Bench:
 
 
 @dataclass
+class Sft:
+    """sft.py's cold start: its data, its own optimisation recipe (not GRPO's) and its check (sft.py)."""
+    data: str = "synth"
+    """'synth' for generated warm-up conversations, else a JSONL of OpenAI-format chat conversations"""
+    n_conversations: int = 128
+    """conversations to train on (synth: how many to generate; a file: its first N rows, 0 = all)"""
+    fix_fraction: float = 0.0
+    """synth: share of conversations whose first call is broken (its real error from the sandbox follows) and a
+    second call fixes it, so the model learns to call again after an error, which SAAR purifies"""
+    tool_format: Literal["markdown", "hermes"] = "markdown"
+    """how calls are written, as in the rollout: markdown (```python blocks) or hermes (<tool_call> JSON)"""
+    tool_output_chars: int = 256
+    """tool outputs are cut to this many characters (middle cut), as the rollout does"""
+    max_len: int = 2048
+    """conversations longer than this many tokens are dropped (and counted)"""
+    epochs: int = 1
+    """passes over the conversations"""
+    lr: float = 2e-4
+    """peak learning rate (AdamW), reached after the warmup, then decayed linearly to 0"""
+    batch_size: int = 8
+    """conversations per optimizer step"""
+    micro_tokens: int = 2048
+    """tokens per packed forward/backward (a memory knob: it does not change the gradient)"""
+    warmup_steps: int = 2
+    """optimizer steps of linear LR warmup"""
+    weight_decay: float = 0.0
+    """AdamW weight decay"""
+    grad_clip: float = 1.0
+    """max gradient norm (0 = off)"""
+    train_layers: int = 12
+    """train only the top N decoder layers and the final norm (0 = all); the rest gets no backward pass"""
+    eval_n: int = 32
+    """held-out warm-up problems sampled (T=1) after training, and before it for the base model; 0 = skip"""
+    eval_base: bool = True
+    """also evaluate the base model before training"""
+    out: str = "runs/sft"
+    """folder for the step log (log.jsonl) and summary.json; '' = no files"""
+    save: str = ""
+    """where the fine-tuned model (HF folder) goes; '' = <out>/model"""
+    threads: int = 0
+    """torch CPU threads (0 = torch's default)"""
+
+
+@dataclass
 class Train:
     """train.py's arguments."""
     common: Common = field(default_factory=Common)
@@ -342,6 +386,14 @@ class Eval:
     saar: Saar = field(default_factory=Saar)
     engine: Engine = field(default_factory=lambda: Engine(sglang_mem_fraction=0.8))
     sandbox: Sandbox = field(default_factory=Sandbox)
+
+
+@dataclass
+class SftArgs:
+    """sft.py's arguments: the model and seed, and the cold start's own settings (the tool format, the learning rate
+    and the trained layers of the cold start, which train.py passes or leaves at these defaults)."""
+    common: Common = field(default_factory=Common)
+    sft: Sft = field(default_factory=Sft)
 
 
 # --faithful: the official code's (Open-CLEANER, veRL) choices where our defaults differ, in one place

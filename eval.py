@@ -1,48 +1,17 @@
-"""eval.py: AIME24/25, GPQA-Diamond and LiveCodeBench-v6, scored as the CLEANER paper scores them.
+"""eval.py: AIME24/25, GPQA-Diamond and LiveCodeBench-v6, scored as the CLEANER paper scores them; and the
+held-out evaluation of a train.py run (held_out, summary).
 
-    python eval.py --model M --benchmarks aime24,aime25,gpqa,lcb [--n 16] [--saar paper|on|off|both]
+    python eval.py --model M --benchmarks aime24,aime25,gpqa,lcb [--n N] [--saar paper|on|off|both]
     python eval.py --score out/eval/M.jsonl          # re-grade saved responses, no model needed
 
-Paper setup (official eval scripts): sampling temperature 1.0, top_p 0.6, 16 samples a problem (the
-7B runs use 32, LiveCodeBench 10), tool calls on, up to 16 turns, SAAR at test time on or off. The
-paper reports average pass@1 (mean@n); we also print the unbiased pass@k for k = 1, 2, 4, ..., n
-(Chen et al. 2021), maj@n for answer benchmarks, and how often the model called the tool and how
-often those calls failed. Grading is reward.py's, the same code as the training reward.
-
-Per-record JSONL schema (one line per sampled response):
-    benchmark        "aime24" | "aime25" | "gpqa" | "lcb"
-    problem_id       str, the problem's id in its source (LiveCodeBench: question_id)
-    sample_idx       int, 0..n-1
-    response         str, the final assistant text (what the grader reads)
-    pred             str | null, what the grader extracted: boxed answer / option letter / code block
-    gold             str | null, gold answer or letter; null for lcb (tests are re-read by problem_id)
-    correct          bool
-    num_tool_calls   int, tool calls in the trajectory
-    num_tool_errors  int, of those, calls whose execution failed
-    saar             bool, whether SAAR was on while generating
-    meta             object, free (finish reason, lengths, ...)
-`--score FILE` recomputes pred and correct from response + gold (lcb: + tests from --lcb-dir) and
-prints the same tables.
-
-Data: AIME from JSONL (data/problems.py; ../shared/data or data/download.py). GPQA-Diamond from a
-file the user provides (official CSV, hub parquet, the password-protected dataset.zip, or the JSONL
-data/download.py writes): its authors ask that the questions never appear in plain text online, so
-they are never logged, and tests use synthetic look-alikes. The four choices are shuffled per
-question with a fixed seed, since the correct one comes first in the source. LiveCodeBench from a
-directory of its release `test*.jsonl` files, kept to a contest-date window (v6 in the paper:
-2025-02 to 2025-05). Both are converted by data/benchmarks.py, as data/download.py converts them.
-
-Departures: the official code reads preformatted parquet files (Open-AgentRL-Eval) and grades math
-with verl's math_dapo string normaliser; we read the public sources and grade with math-verify (see
-reward.py). The response budget defaults to the paper's 20480 tokens on a GPU but 1024 on the CPU
-(`--max-new-tokens` sets it; scripts/eval_*.sh pass 20480). LiveCodeBench is graded by our strict grader
-unless `--lcb-grader official` (set by --faithful, so by scripts/eval_*.sh) asks for LiveCodeBench's own
-harness rules (reward.py lists them).
-
-Answers out of reach: the sandboxes that run the model's tool calls and grade its code hide this run's
-data folders (data_folders: the LiveCodeBench dir, the GPQA file's folder, the data dir, the responses
-files' folders) besides the checkout and ../shared/data; that takes bwrap. Without bwrap they stay
-readable to the code, answers included (sandbox.py says what each layer covers).
+The rollout is the training one (rollout.py) under the paper's evaluation settings (config.Eval), test-time SAAR
+as --saar says; grading is reward.py's. It prints mean@n (the paper's average pass@1), pass@k, maj@n and how often
+the model's tool calls fail, and writes one JSONL record per sample, which --score re-grades. Departures
+(docs/departures.md, docs/results.md): the public sources (data/benchmarks.py), not the official parquet files;
+math graded by math-verify; a smaller default response budget on the CPU; LiveCodeBench graded by our strict
+grader unless --lcb-grader official (--faithful). GPQA's questions are never logged, as its authors ask.
+The sandboxes hide this run's data folders from the model's code (data_folders); that takes bwrap: without it
+they stay readable to the code, answers included (sandbox.py says what each layer covers).
 """
 
 from __future__ import annotations
@@ -50,123 +19,25 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import re
+import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import config
 import reward
-from data.benchmarks import gpqa_problem, lcb_in_window, lcb_problem, read_gpqa_rows
-from data.problems import DataError, Problem, load_named
+from data.benchmarks import jsonl_rows, load_aime, load_gpqa, load_lcb
+from data.problems import DataError, Problem
 
 REPO_ROOT = Path(__file__).resolve().parent
 
 
-@dataclass
-class Args:
-    # --- what to evaluate
-    model: str = "smollm2-135m"
-    """model name or path (resolved by data/models.py)"""
-    benchmarks: str = "aime24,aime25,gpqa,lcb"
-    """comma-separated benchmarks, of BENCHMARKS: aime24, aime25, gpqa, lcb"""
-    limit: int = 0
-    """evaluate only the first N problems of each benchmark (0: all)"""
-    score: str = ""
-    """re-grade this saved JSONL of responses and print its tables (no model is loaded)"""
-    out: str = ""
-    """write graded responses here as JSONL (default out/eval/<model>.jsonl; with --score: none)"""
-    # --- sampling (paper: temperature 1.0, top_p 0.6, n=16; 7B runs n=32; LiveCodeBench n=10)
-    n: int = 16
-    """samples per problem for aime24/aime25/gpqa"""
-    lcb_n: int = 10
-    """samples per problem for lcb"""
-    temperature: float = 1.0
-    """sampling temperature"""
-    top_p: float = 0.6
-    """nucleus sampling threshold"""
-    max_new_tokens: int = 0
-    """response token budget of one trajectory (0: the paper's 20480 on a GPU, 1024 on the CPU, where
-    decoding a 135M model at 8k context runs at a few tokens/s)"""
-    seed: int = 0
-    """sampling seed"""
-    # --- rollout
-    faithful: bool = False
-    """the official code's rollout wherever ours differs (FAITHFUL, below Args; README: Departures); it overrides them"""
-    tools: bool = True
-    """let the model call the Python tool"""
-    saar: str = "paper"
-    """test-time SAAR: paper (on for AIME/GPQA, off for LCB, as the official eval scripts), on, off, both"""
-    tool_format: str = "auto"
-    """hermes, markdown, or auto (hermes when the tokenizer has a <tool_call> token)"""
-    prompt_template: str = ""
-    """a JSON file of prompt templates by task and an optional system prompt (as train.py --prompt-template)"""
-    max_turns: int = 16
-    """most assistant turns in one trajectory"""
-    max_tool_calls: int = 30
-    """tool executions per trajectory, SAAR retries included"""
-    tool_cap_ends: bool = True
-    """reaching --max-tool-calls ends the trajectory; --no-tool-cap-ends: only SAAR stops (the official code)"""
-    last_turn_calls: bool = True
-    """a call in the last allowed turn runs; --no-last-turn-calls: the trajectory ends there (the official code)"""
-    tool_echo: bool = False
-    """a call also prints the repr of its final bare expression when not None (the official tool)"""
-    tool_header: bool = False
-    """tool output headed by a success or failure line, its streams labelled (the official tool's layout)"""
-    repair_json: bool = False
-    """parse hermes calls with json_repair, as the official parser does"""
-    tool_timeout_s: float = 4.0
-    """per-call time limit of the model's tool"""
-    gamma: float = 0.5
-    """test-time SAAR: similarity threshold, >= gamma shallow (keep the old reasoning), else deep"""
-    max_retries: int = 3
-    """test-time SAAR: regenerations per failed turn before giving up"""
-    sim_on: str = "call"
-    """test-time SAAR: similarity on the decoded call text (official code) or on the extracted code"""
-    sim_eos: bool = False
-    """test-time SAAR: the call text runs to the end of the turn, <|im_end|> included (official)"""
-    engine: str = "hf"
-    """hf (transformers) or sglang (GPU)"""
-    engine_batch: int = 32
-    """most sequences the HF engine decodes at once"""
-    sglang_mem_fraction: float = 0.8
-    """GPU memory share of the SGLang engine (the official eval: 0.8)"""
-    device: str = "auto"
-    """cpu, cuda, or auto"""
-    # --- data
-    data_dir: str = ""
-    """folder with aime24.jsonl / aime25.jsonl (default: $CLEANER_DATA or ../shared/data)"""
-    gpqa_path: str = ""
-    """GPQA-Diamond file you provide: gpqa_diamond.csv, its hub parquet, or GPQA's dataset.zip"""
-    gpqa_zip_password: str = "deserted-untie-orchid"
-    """password of GPQA's dataset.zip, as published in the GPQA README"""
-    gpqa_seed: int = 0
-    """seed of the per-question choice shuffle"""
-    lcb_dir: str = ""
-    """folder with LiveCodeBench release files test*.jsonl (code_generation_lite)"""
-    lcb_start: str = "2025-02"
-    """first contest month (YYYY-MM) kept from LiveCodeBench"""
-    lcb_end: str = "2025-05"
-    """last contest month (YYYY-MM) kept from LiveCodeBench"""
-    # --- grading
-    code_timeout_s: float = 6.0
-    """per-test time limit for code (LiveCodeBench's default)"""
-    grade_workers: int = 4
-    """responses graded in parallel (code runs in the sandbox)"""
-    lcb_grader: str = "strict"
-    """LiveCodeBench grading: strict (ours: each test in a fresh process) or official (LiveCodeBench's harness:
-    its code extraction, exits, stdin and comparisons; reward.py)"""
-
-
-SAAR_MODES = ("paper", "on", "off", "both")
-# --faithful: the official code's rollout choices where our defaults differ (train.py has its own, with the update's)
-FAITHFUL = dict(tool_echo=True, tool_header=True, repair_json=True, tool_cap_ends=False, last_turn_calls=False,
-                sim_eos=True, lcb_grader="official")
-
-
-class EvalError(ValueError):
-    """Bad input to the evaluation (file, line, field named in the message)."""
+class EvalError(DataError):
+    """Bad input to the evaluation (file, line, field named in the message), as the loaders' DataError."""
 
 
 def parse_benchmarks(spec: str) -> list[str]:
@@ -179,182 +50,78 @@ def parse_benchmarks(spec: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-# ---------------------------------------------------------------------------------------------------
-# Loaders: each returns Problems with meta["benchmark"] set; `problem` is the text the model sees
-# (GPQA: question and lettered choices; LiveCodeBench: statement plus its I/O contract).
-# ---------------------------------------------------------------------------------------------------
-
-def load_aime(name: str, data_dir: str = "", limit: int = 0) -> list[Problem]:
-    try:
-        problems = load_named(name, data_dir or None, limit=limit or None, task="math")
-    except (FileNotFoundError, DataError) as e:
-        raise EvalError(f"{name}: {e}") from None
-    for p in problems:
-        p.meta["benchmark"] = name
-    return problems
-
-
-def load_gpqa(path: str, seed: int = 0, limit: int = 0, password: str = "deserted-untie-orchid") -> list[Problem]:
-    """GPQA-Diamond with the choices of each question shuffled by Random(f"{seed}:{record id}")
-    (data/benchmarks.py)."""
-    if not path:
-        raise EvalError("the gpqa benchmark needs --gpqa-path: the official gpqa_diamond.csv, the hub parquet, "
-                        "or GPQA's password-protected dataset.zip (it is not bundled: its authors ask that "
-                        "the questions not be redistributed)")
-    try:
-        rows = read_gpqa_rows(path, password)
-    except (FileNotFoundError, DataError) as e:
-        raise EvalError(str(e).replace("the zip password", "--gpqa-zip-password")) from None
-    if not rows:
-        raise EvalError(f"{path}: no rows")
-    problems = []
-    for i, row in enumerate(rows, start=1):
-        try:
-            problems.append(gpqa_problem(row, seed, index=i))
-        except DataError as e:
-            raise EvalError(f"{path}: row {i}: {e}") from None
-        if limit and len(problems) >= limit:
-            break
-    return problems
-
-
-def load_lcb(lcb_dir: str, start: str = "2025-02", end: str = "2025-05", limit: int = 0,
-             ids: set[str] | None = None) -> list[Problem]:
-    """LiveCodeBench problems with start <= contest month <= end (or exactly `ids`, for --score)."""
-    if not lcb_dir:
-        raise EvalError("the lcb benchmark needs --lcb-dir: a folder with LiveCodeBench's test*.jsonl "
-                        "release files (livecodebench/code_generation_lite)")
-    d = Path(lcb_dir)
-    files = sorted(d.glob("test*.jsonl")) if d.is_dir() else []
-    if not files:
-        raise EvalError(f"no LiveCodeBench test*.jsonl files in {d}")
-    for m in (start, end):
-        if not re.fullmatch(r"\d{4}-\d{2}(-\d{2})?", m):
-            raise EvalError(f"LiveCodeBench window bounds must look like 2025-02 or 2025-02-15, got {m!r}")
-    problems, seen = [], set()
-    for path in files:
-        for where, row in _jsonl_rows(path):
-            qid = str(row.get("question_id"))
-            if qid in seen:
-                continue
-            if ids is not None:
-                if qid not in ids:
-                    continue
-            elif not lcb_in_window(row, start, end):
-                continue
-            try:
-                problems.append(lcb_problem(row))
-            except DataError as e:
-                raise EvalError(f"{where}: {e}") from None
-            seen.add(qid)
-            if limit and len(problems) >= limit:
-                return problems
-    return problems
-
-
-def _jsonl_rows(path: Path):
-    """(file:line, parsed value) for each non-blank line; a line that is not JSON is an EvalError naming it."""
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield f"{path}:{lineno}", json.loads(line)
-            except json.JSONDecodeError as e:
-                raise EvalError(f"{path}:{lineno}: malformed JSON line ({e.msg} at column {e.colno})") from None
-
-
 @dataclass(frozen=True)
 class Benchmark:
     task: str            # the grader (reward.grade): math, gpqa or code
-    load: Callable       # (args) -> list[Problem]
-    n: Callable          # (args) -> samples per problem
+    load: Callable       # (config.Bench) -> list[Problem]
+    n: Callable          # (config.Bench) -> samples per problem
     paper_saar: bool     # test-time SAAR in the official eval scripts (--saar paper)
-    reload: Callable | None = None  # (args, ids) -> the Problems whose tests --score needs (records hold no gold)
+    reload: Callable | None = None  # (config.Bench, ids) -> the Problems whose tests --score needs (no gold in records)
 
 
 # The benchmarks, in one table: adding one is one entry (and its loader)
 BENCHMARKS = {
-    "aime24": Benchmark("math", lambda a: load_aime("aime24", a.data_dir, a.limit), lambda a: a.n, True),
-    "aime25": Benchmark("math", lambda a: load_aime("aime25", a.data_dir, a.limit), lambda a: a.n, True),
-    "gpqa": Benchmark("gpqa", lambda a: load_gpqa(a.gpqa_path, a.gpqa_seed, a.limit, a.gpqa_zip_password),
-                      lambda a: a.n, True),
-    "lcb": Benchmark("code", lambda a: load_lcb(a.lcb_dir, a.lcb_start, a.lcb_end, a.limit), lambda a: a.lcb_n, False,
-                     reload=lambda a, ids: load_lcb(a.lcb_dir, ids=ids)),
+    "aime24": Benchmark("math", lambda b: load_aime("aime24", b.data_dir, b.limit), lambda b: b.n, True),
+    "aime25": Benchmark("math", lambda b: load_aime("aime25", b.data_dir, b.limit), lambda b: b.n, True),
+    "gpqa": Benchmark("gpqa", lambda b: load_gpqa(b.gpqa_path, b.gpqa_seed, b.limit, b.gpqa_zip_password),
+                      lambda b: b.n, True),
+    "lcb": Benchmark("code", lambda b: load_lcb(b.lcb_dir, b.lcb_start, b.lcb_end, b.limit), lambda b: b.lcb_n, False,
+                     reload=lambda b, ids: load_lcb(b.lcb_dir, ids=ids)),
 }
 
 
-def load_benchmark(name: str, args: Args) -> list[Problem]:
-    if name not in BENCHMARKS:
-        raise EvalError(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}")
-    return BENCHMARKS[name].load(args)
-
-
-def samples_per_problem(args: Args, benchmark: str) -> int:
-    return BENCHMARKS[benchmark].n(args)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Generation: the training rollout (rollout.py), SAAR at test time as --saar says
-# ---------------------------------------------------------------------------------------------------
-
-def saar_settings(args: Args, benchmark: str) -> list[bool]:
+def saar_settings(b: config.Bench, benchmark: str) -> list[bool]:
     """Which test-time SAAR settings to run: the paper's eval scripts keep it on for AIME and GPQA and
     off for LiveCodeBench ("paper"); "both" runs each benchmark twice, so the two can be compared."""
-    if args.saar not in SAAR_MODES:
-        raise EvalError(f"--saar must be one of {', '.join(SAAR_MODES)}, got {args.saar!r}")
-    return {"on": [True], "off": [False], "both": [False, True], "paper": [BENCHMARKS[benchmark].paper_saar]}[args.saar]
+    return {"on": [True], "off": [False], "both": [False, True], "paper": [BENCHMARKS[benchmark].paper_saar]}[b.saar]
 
 
-def generate(args: Args, problems: list[Problem]) -> list[dict]:
-    """Sample samples_per_problem(args, benchmark) trajectories per problem with the training rollout and grade
-    them (rollout.rollout_and_grade, grade_record); return one record per sample with benchmark, problem_id,
-    sample_idx, response, pred, gold, correct, num_tool_calls, num_tool_errors, saar, meta."""
-    import asyncio
-    import contextlib
+# ------------------------------------------------------------------- generation: the training rollout (rollout.py)
 
+def build(args: config.Eval):
+    """The tokenizer, the engine and the rollout's settings (its tool format and response budget resolved)."""
     import torch
 
     import rollout
-    import saar
     from data import models
     from engine import build_engine, column_major
-    from sandbox import Sandbox
-
-    templates = rollout.load_prompt_template(args.prompt_template) if args.prompt_template else None
-    tok = models.load_tokenizer(args.model)
-    fmt = args.tool_format
-    if not args.tools:
-        fmt = "none"
-    elif fmt == "auto":  # Qwen-style tokenizers carry a <tool_call> token; small models write fences
-        fmt = "hermes" if len(tok.encode("<tool_call>", add_special_tokens=False)) == 1 else "markdown"
-    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    budget = args.max_new_tokens or (20480 if args.engine == "sglang" or device != "cpu" else 1024)
-    print(f"eval: {args.model} on {'sglang' if args.engine == 'sglang' else device}, response budget {budget} tokens, "
-          f"{args.max_turns} turns, tool format {fmt}", flush=True)
-    sglang = args.engine == "sglang"
-    model = None if sglang else models.load_model(args.model, device=device).eval()
-    if model is not None and device == "cpu":
+    c, e, r = args.common, args.engine, args.rollout
+    tok = models.load_tokenizer(c.model)
+    fmt = rollout.resolve_tool_format(tok, r.tool_format if args.bench.tools else "none")
+    device = e.device if e.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    sglang = e.engine == "sglang"
+    # the paper's budget on a GPU; on the CPU a long context decodes too slowly to be of use
+    budget = r.max_response_tokens or (20480 if sglang or device != "cpu" else 1024)
+    print(f"eval: {c.model} on {'sglang' if sglang else device}, response budget {budget} tokens, "
+          f"{r.max_turns} turns, tool format {fmt}", flush=True)
+    model = None if sglang else models.load_model(c.model, dtype=getattr(torch, e.dtype), device=device).eval()
+    if model is not None and device == "cpu" and e.engine_column_major:
         column_major(model)  # linear weights column-major: MKL runs a decode step's few rows faster (engine.py)
-    eng = build_engine(args.engine, tok, model=model,
-                       model_path=models.resolve(args.model) if sglang else None, max_batch=args.engine_batch,
-                       mem_fraction_static=args.sglang_mem_fraction, seed=args.seed)
-    # the rollout's settings, once; test-time SAAR per benchmark below
-    roll_cfg = rollout.RolloutConfig(
-        tool_format=fmt, max_turns=args.max_turns, max_response_tokens=budget, max_tool_calls=args.max_tool_calls,
-        cap_ends=args.tool_cap_ends, last_turn_calls=args.last_turn_calls, tool_output_chars=256, echo=args.tool_echo,
-        tool_header=args.tool_header, repair_json=args.repair_json, temperature=args.temperature, top_p=args.top_p,
-        saar_p=1.0, eos_ids=(tok.eos_token_id,))
-    saar_cfg = saar.SaarConfig(gamma=args.gamma, max_retries=args.max_retries, sim_on=args.sim_on, sim_eos=args.sim_eos)
-    records = []
-    loop = asyncio.new_event_loop()
+    eng = build_engine(e.engine, tok, model=model, model_path=models.resolve(c.model) if sglang else None,
+                       max_batch=e.engine_batch, deterministic=e.deterministic, dtype=e.dtype,
+                       mem_fraction_static=e.sglang_mem_fraction, seed=c.seed, server_url=e.sglang_url or None)
+    return tok, eng, dataclasses.replace(r, tool_format=fmt, max_response_tokens=budget)
+
+
+def generate(args: config.Eval, problems: list[Problem]) -> list[dict]:
+    """Sample each benchmark's n trajectories per problem with the training rollout and grade them
+    (rollout.rollout_and_grade, grade_record); one record per sample (write_records' fields)."""
+    import asyncio
+    import contextlib
+
+    import rollout
+    from sandbox import Sandbox
+    b, s, seed = args.bench, args.sandbox, args.common.seed
+    templates = rollout.load_prompt_template(args.rollout.prompt_template) if args.rollout.prompt_template else None
+    tok, eng, cfg = build(args)
+    records, loop = [], asyncio.new_event_loop()
     code = any(BENCHMARKS[p.meta["benchmark"]].task == "code" for p in problems)
-    with Sandbox(slots=args.grade_workers, timeout_s=args.tool_timeout_s, hide=data_folders(args)) as sb, \
-            (judge_sandbox(args) if code else contextlib.nullcontext()) as judge:
+    with Sandbox(slots=s.sandbox_slots, timeout_s=s.tool_timeout_s, memory_mb=s.tool_memory_mb,
+                 hide=data_folders(b)) as sb, (judge_sandbox(b) if code else contextlib.nullcontext()) as judge:
         for bench in dict.fromkeys(p.meta["benchmark"] for p in problems):
             mine = [p for p in problems if p.meta["benchmark"] == bench]
-            n = samples_per_problem(args, bench)
-            for use_saar in saar_settings(args, bench):
+            n = BENCHMARKS[bench].n(b)
+            for use_saar in saar_settings(b, bench):
                 def graded(p: Problem, tr) -> dict:  # one sample's record, graded as --score grades it
                     rec = dict(benchmark=bench, problem_id=p.id, sample_idx=tr.meta["sample_idx"],
                                response=tr.final_text(tok), num_tool_calls=tr.num_tool_calls,
@@ -363,21 +130,19 @@ def generate(args: Args, problems: list[Problem]) -> list[dict]:
                                          truncated=tr.truncated, saar_events=len(tr.saar_events)))
                     if BENCHMARKS[bench].task != "code":
                         rec["gold"] = p.answer
-                    return grade_record(rec, p, judge, args.code_timeout_s, args.lcb_grader)
+                    return grade_record(rec, p, judge, b.code_timeout_s, b.lcb_grader)
                 _, recs = loop.run_until_complete(rollout.rollout_and_grade(
-                    eng, sb, tok, mine, dataclasses.replace(roll_cfg, saar_cfg=saar_cfg if use_saar else None),
-                    grade=graded, n=n, seeds=[args.seed * 1_000_003 + k for k in range(len(mine) * n)],
+                    eng, sb, tok, mine, cfg, args.saar if use_saar else None, saar_p=1.0, grade=graded, n=n,
+                    seeds=[seed * 1_000_003 + k for k in range(len(mine) * n)],
                     metas=[dict(sample_idx=i) for _ in mine for i in range(n)], templates=templates,
-                    grade_workers=args.grade_workers, progress=True))
+                    grade_workers=b.grade_workers, progress=True))
                 records += recs
     loop.close()
     eng.shutdown()
     return records
 
 
-# ---------------------------------------------------------------------------------------------------
-# Grading and scoring
-# ---------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------- grading and scoring
 
 def grade_record(rec: dict, problem: Problem | None, sandbox=None, code_timeout_s: float = 6.0,
                  lcb_grader: str = "strict") -> dict:
@@ -397,36 +162,36 @@ def grade_record(rec: dict, problem: Problem | None, sandbox=None, code_timeout_
     return rec
 
 
-def data_folders(args: Args) -> tuple[str, ...]:
+def data_folders(b: config.Bench) -> tuple[str, ...]:
     """The folders that hold this run's problems and answers (LiveCodeBench dir, the GPQA file's folder, the
     AIME data dir, the responses files'): every sandbox here hides them from the code it runs (with bwrap;
     sandbox.py hides the checkout and ../shared/data itself). Without bwrap they stay readable."""
-    paths = [args.lcb_dir, args.data_dir] + [str(Path(f).resolve().parent) for f in (args.gpqa_path, args.score, args.out) if f]
+    paths = [b.lcb_dir, b.data_dir] + [str(Path(f).resolve().parent) for f in (b.gpqa_path, b.score, b.out) if f]
     return tuple(dict.fromkeys(str(Path(p).resolve()) for p in paths if p))
 
 
-def judge_sandbox(args: Args):
+def judge_sandbox(b: config.Bench):
     """The sandbox that runs code answers against their tests (generate and --score)."""
     from sandbox import Sandbox
     # LiveCodeBench's harness allows 4 GB; expected outputs run to megabytes and must not be cut
-    return Sandbox(slots=max(1, args.grade_workers), timeout_s=args.code_timeout_s, memory_mb=4096,
-                   max_output_bytes=64 << 20, hide=data_folders(args))
+    return Sandbox(slots=max(1, b.grade_workers), timeout_s=b.code_timeout_s, memory_mb=4096,
+                   max_output_bytes=64 << 20, hide=data_folders(b))
 
 
-def grade_records(records: list[dict], problems: dict[tuple[str, str], Problem], args: Args) -> list[dict]:
+def grade_records(records: list[dict], problems: dict[tuple[str, str], Problem], b: config.Bench) -> list[dict]:
     """Grade every record; records of answer benchmarks take gold from their problem when one is given."""
     for rec in records:
         p = problems.get((rec["benchmark"], rec["problem_id"]))
         if p is not None and BENCHMARKS[rec["benchmark"]].task != "code":
             rec["gold"] = p.answer
-    workers = max(1, args.grade_workers)
+    workers = max(1, b.grade_workers)
     code = [r for r in records if BENCHMARKS[r["benchmark"]].task == "code"]
     with ThreadPoolExecutor(workers) as pool:  # math-verify runs in reward.py's worker processes
         list(pool.map(lambda r: grade_record(r, None), [r for r in records if BENCHMARKS[r["benchmark"]].task != "code"]))
     if code:
-        with judge_sandbox(args) as sb, ThreadPoolExecutor(workers) as pool:
+        with judge_sandbox(b) as sb, ThreadPoolExecutor(workers) as pool:
             list(pool.map(lambda r: grade_record(r, problems[(r["benchmark"], r["problem_id"])], sb,
-                                                 args.code_timeout_s, args.lcb_grader), code))
+                                                 b.code_timeout_s, b.lcb_grader), code))
     return records
 
 
@@ -449,8 +214,7 @@ def _vote_key(benchmark: str, pred: str) -> str:
 
 def maj_at_n(benchmark: str, samples: list[dict]) -> bool:
     """Is the most common extracted answer correct? Ties go to the answer seen first; no answer is wrong."""
-    votes = Counter()
-    first: dict[str, dict] = {}
+    votes, first = Counter(), {}
     for rec in sorted(samples, key=lambda r: r["sample_idx"]):
         if rec.get("pred") is None:
             continue
@@ -465,16 +229,15 @@ def maj_at_n(benchmark: str, samples: list[dict]) -> bool:
 
 
 def summarize(records: list[dict]) -> dict:
-    """Per benchmark: problems, n, mean@n (= average pass@1), pass@k for k = 1, 2, 4, ..., n, maj@n
-    (answer benchmarks), tool calls per response, share of responses that call a tool, and the share
-    of tool calls that failed. n is the fewest samples any problem has (pass@k needs k <= n)."""
+    """Per benchmark (and test-time SAAR setting, when both ran): problems, n, mean@n (= average pass@1), pass@k
+    for k = 1, 2, 4, ..., n, maj@n (answer benchmarks), tool calls per response, share of responses that call a
+    tool, and the share of tool calls that failed. n is the fewest samples any problem has (pass@k needs k <= n)."""
     out = {}
     for bench in [b for b in BENCHMARKS if any(r["benchmark"] == b for r in records)]:
         settings = sorted({bool(r["saar"]) for r in records if r["benchmark"] == bench})
-        for use_saar in settings:  # one table per test-time SAAR setting
+        for use_saar in settings:
             label = bench if len(settings) == 1 else f"{bench} saar={'on' if use_saar else 'off'}"
-            recs = [r for r in records if r["benchmark"] == bench and bool(r["saar"]) == use_saar]
-            out[label] = _summarize_one(bench, recs)
+            out[label] = _summarize_one(bench, [r for r in records if r["benchmark"] == bench and bool(r["saar"]) == use_saar])
     return out
 
 
@@ -486,19 +249,16 @@ def _summarize_one(bench: str, recs: list[dict]) -> dict:
     ks = sorted({2 ** i for i in range(n.bit_length()) if 2 ** i <= n} | {n})
     counts = [(len(v), sum(bool(r["correct"]) for r in v)) for v in by_problem.values()]
     calls = sum(r["num_tool_calls"] for r in recs)
-    s = {
-        "problems": len(by_problem),
-        "n": n,
+    return {
+        "problems": len(by_problem), "n": n,
         "mean@n": sum(c / m for m, c in counts) / len(counts),
         "pass@k": {k: sum(pass_at_k(m, c, k) for m, c in counts) / len(counts) for k in ks},
-        "maj@n": None,
+        "maj@n": (sum(maj_at_n(bench, v) for v in by_problem.values()) / len(by_problem)
+                  if BENCHMARKS[bench].task != "code" else None),
         "tool_calls_per_response": calls / len(recs),
         "tool_use_rate": sum(r["num_tool_calls"] > 0 for r in recs) / len(recs),
         "tool_error_rate": (sum(r["num_tool_errors"] for r in recs) / calls) if calls else None,
     }
-    if BENCHMARKS[bench].task != "code":
-        s["maj@n"] = sum(maj_at_n(bench, v) for v in by_problem.values()) / len(by_problem)
-    return s
 
 
 def format_tables(summary: dict) -> str:
@@ -510,39 +270,39 @@ def format_tables(summary: dict) -> str:
         if s["maj@n"] is not None:
             cols.append((f"maj@{n}", s["maj@n"]))
         cols += [("tool-use", s["tool_use_rate"]), ("tool-err", s["tool_error_rate"])]
-        cells = [("-" if v is None else f"{100 * v:.1f}") for _, v in cols]
+        cells = [("-" if v is None else f"{100 * v:.1f}") for _, v in cols] + [f"{s['tool_calls_per_response']:.2f}"]
         cols.append(("calls/resp", None))
-        cells.append(f"{s['tool_calls_per_response']:.2f}")
         widths = [max(len(name), len(cell)) for (name, _), cell in zip(cols, cells)]
-        lines.append(f"{bench}: {s['problems']} problems x {n} samples")
-        lines.append("  ".join(name.rjust(w) for (name, _), w in zip(cols, widths)))
-        lines.append("  ".join(cell.rjust(w) for cell, w in zip(cells, widths)))
-        lines.append("")
+        lines += [f"{bench}: {s['problems']} problems x {n} samples",
+                  "  ".join(name.rjust(w) for (name, _), w in zip(cols, widths)),
+                  "  ".join(cell.rjust(w) for cell, w in zip(cells, widths)), ""]
     return "\n".join(lines)
 
 
-# ---------------------------------------------------------------------------------------------------
-# Records on disk
-# ---------------------------------------------------------------------------------------------------
-
+# ------------------------------------------------------------------- records on disk: one line per sampled response
+# benchmark, problem_id (LiveCodeBench: question_id), sample_idx (0..n-1), response (the final assistant text, what
+# is graded), pred (what the grader extracted: boxed answer, letter or code), gold (null for lcb: its tests are
+# re-read by problem_id), correct, num_tool_calls, num_tool_errors (calls whose execution failed), saar (test-time
+# SAAR on), meta (free: finish reason, lengths, ...)
 _REQUIRED = {"benchmark": str, "problem_id": str, "sample_idx": int, "response": str,
              "num_tool_calls": int, "num_tool_errors": int, "saar": bool}
+_FIELDS = ("benchmark", "problem_id", "sample_idx", "response", "pred", "gold", "correct",
+           "num_tool_calls", "num_tool_errors", "saar", "meta")
 
 
 def read_records(path: str | Path) -> list[dict]:
-    """Read a responses JSONL, checking every line against the schema in the module docstring."""
+    """Read a responses JSONL, checking every line against the fields above."""
     path = Path(path)
     if not path.is_file():
         raise EvalError(f"responses file not found: {path}")
     records, seen = [], {}
-    for where, rec in _jsonl_rows(path):
+    for where, rec in jsonl_rows(path):
         if not isinstance(rec, dict):
             raise EvalError(f"{where}: expected a JSON object, got {type(rec).__name__}")
         for key, typ in _REQUIRED.items():
             if key not in rec:
                 raise EvalError(f"{where}: missing field {key!r}")
-            ok = isinstance(rec[key], typ) and (typ is bool or not isinstance(rec[key], bool))
-            if not ok:
+            if not isinstance(rec[key], typ) or (typ is not bool and isinstance(rec[key], bool)):
                 raise EvalError(f"{where}: field {key!r} must be {typ.__name__}, got {type(rec[key]).__name__}")
         if rec["benchmark"] not in BENCHMARKS:
             raise EvalError(f"{where}: unknown benchmark {rec['benchmark']!r}; known: {', '.join(BENCHMARKS)}")
@@ -550,7 +310,7 @@ def read_records(path: str | Path) -> list[dict]:
             raise EvalError(f"{where}: field 'gold' must be a string for {rec['benchmark']}")
         if rec["num_tool_calls"] < 0 or not 0 <= rec["num_tool_errors"] <= rec["num_tool_calls"]:
             raise EvalError(f"{where}: need 0 <= num_tool_errors <= num_tool_calls")
-        key = (rec["benchmark"], rec["problem_id"], rec["sample_idx"])
+        key = (rec["benchmark"], rec["problem_id"], rec["sample_idx"], rec["saar"])  # --saar both: two of each
         if key in seen:
             raise EvalError(f"{where}: duplicate sample {key} (first at {seen[key]})")
         seen[key] = where
@@ -561,49 +321,41 @@ def read_records(path: str | Path) -> list[dict]:
     return records
 
 
-_FIELDS = ("benchmark", "problem_id", "sample_idx", "response", "pred", "gold", "correct",
-           "num_tool_calls", "num_tool_errors", "saar", "meta")
-
-
 def write_records(records: list[dict], path: str | Path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
-        for rec in records:
-            f.write(json.dumps({k: rec.get(k) for k in _FIELDS}, ensure_ascii=False) + "\n")
+        f.writelines(json.dumps({k: rec.get(k) for k in _FIELDS}, ensure_ascii=False) + "\n" for rec in records)
 
 
-# ---------------------------------------------------------------------------------------------------
-# Entry points
-# ---------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------- entry points
 
-def score(args: Args) -> dict:
+def score(b: config.Bench) -> dict:
     """--score: re-grade a saved JSONL and print its tables."""
-    records = read_records(args.score)
-    problems = {}
+    records, problems = read_records(b.score), {}
     for name, bench in BENCHMARKS.items():  # code benchmarks: the tests are re-read by problem id
         ids = {r["problem_id"] for r in records if r["benchmark"] == name}
         if not ids or bench.reload is None:
             continue
-        found = bench.reload(args, ids)
+        found = bench.reload(b, ids)
         problems.update({(name, p.id): p for p in found})
         missing = sorted(ids - {p.id for p in found})
         if missing:
-            raise EvalError(f"{args.score}: {name} problems not found: {', '.join(missing[:5])}")
-    grade_records(records, problems, args)
-    if args.out:
-        write_records(records, args.out)
+            raise EvalError(f"{b.score}: {name} problems not found: {', '.join(missing[:5])}")
+    grade_records(records, problems, b)
+    if b.out:
+        write_records(records, b.out)
     summary = summarize(records)
     print(format_tables(summary))
     return summary
 
 
-def evaluate(args: Args) -> dict:
+def evaluate(args: config.Eval) -> dict:
     """Load benchmarks, roll out and grade (generate), write the JSONL, print the tables."""
-    names = parse_benchmarks(args.benchmarks)
-    problems = [p for name in names for p in load_benchmark(name, args)]  # every input error before the model loads
+    b = args.bench
+    problems = [p for name in parse_benchmarks(b.benchmarks) for p in BENCHMARKS[name].load(b)]  # input errors first
     records = generate(args, problems)  # rolled out and graded
-    out = Path(args.out or REPO_ROOT / "out" / "eval" / (re.sub(r"[^\w.-]+", "_", args.model) + ".jsonl"))
+    out = Path(b.out or REPO_ROOT / "out" / "eval" / (re.sub(r"[^\w.-]+", "_", args.common.model) + ".jsonl"))
     write_records(records, out)
     summary = summarize(records)
     print(format_tables(summary))
@@ -612,16 +364,115 @@ def evaluate(args: Args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    import tyro
-    args = tyro.cli(Args, args=argv, description="Evaluate a model on AIME24/25, GPQA-Diamond and LiveCodeBench.")
-    if args.faithful:
-        args = dataclasses.replace(args, **FAITHFUL)
-    if args.lcb_grader not in reward.LCB_GRADERS:
-        raise SystemExit(f"eval.py: --lcb-grader must be one of {', '.join(reward.LCB_GRADERS)}, got {args.lcb_grader!r}")
+    args = config.cli(config.Eval, "Evaluate a model on AIME24/25, GPQA-Diamond and LiveCodeBench.", argv)
     try:
-        return score(args) if args.score else evaluate(args)
-    except EvalError as e:
+        return score(args.bench) if args.bench.score else evaluate(args)
+    except DataError as e:  # an EvalError, or a loader's (data/benchmarks.py)
         raise SystemExit(f"eval.py: {e}") from None
+
+
+# ------------------------------------------------------------------- the held-out evaluation of a training run
+
+def held_out(loop, eng, sandbox, tokenizer, problems, args: config.Train, *, step, out_dir, rollout_cfg, templates,
+             grade, rank, world) -> dict:
+    """Held-out accuracy: greedy, and at the rollout temperature with --eval-sampled; test-time SAAR off, on or
+    both (--eval-saar), with args.saar. rollout_cfg: the run's config.Rollout, its tool format resolved. Returns
+    the metrics (with t_eval); every rank's per-problem records go to out_dir/eval_step<step>.jsonl when out_dir
+    is given (the master), which summary reads."""
+    import rollout
+    t0 = time.perf_counter()
+    mine = problems[rank::world]
+    results, records = {}, []
+    temps = [("greedy", 0.0)] + ([("sampled", rollout_cfg.temperature)] if args.data.eval_sampled else [])
+    # test-time SAAR off is eval_greedy, on is eval_greedy_saar, whatever the flag, so runs and their later
+    # --eval-only calls line up
+    modes = {"off": [("", None)], "on": [("_saar", args.saar)], "both": [("", None), ("_saar", args.saar)]}
+    for (name, temp), (suffix, saar) in ((t, m) for t in temps for m in modes[args.data.eval_saar]):
+        trajs, oks = loop.run_until_complete(rollout.rollout_and_grade(
+            eng, sandbox, tokenizer, mine, dataclasses.replace(rollout_cfg, temperature=temp), saar, saar_p=1.0,
+            grade=grade, seeds=list(range(len(mine))), templates=templates, progress=out_dir is not None))
+        rows = [dict(id=p.id, ok=bool(ok), calls=tr.num_first_calls, errors=tr.num_first_errors)
+                for p, tr, ok in zip(mine, trajs, oks)]
+        if world > 1:
+            import torch.distributed as dist
+            parts = [None] * world
+            dist.all_gather_object(parts, rows)
+            rows = [r for part in parts for r in part]
+        key = f"eval_{name}{suffix}"
+        calls = sum(r["calls"] for r in rows)
+        results[f"{key}_acc"] = sum(r["ok"] for r in rows) / max(1, len(rows))
+        results[f"{key}_tool_err"] = sum(r["errors"] for r in rows) / max(1, calls)  # first attempts, SAAR's excluded
+        results[f"{key}_tool_calls"] = calls / max(1, len(rows))
+        records += [dict(r, eval=key) for r in rows]
+    if out_dir is not None:  # an earlier evaluation of this step keeps its other kinds (--eval-only adds some)
+        path = os.path.join(out_dir, f"eval_step{step:06d}.jsonl")
+        if os.path.exists(path):
+            kinds = {r["eval"] for r in records}
+            with open(path) as f:
+                records = [r for r in map(json.loads, f) if r["eval"] not in kinds] + records
+        with open(path + ".tmp", "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records)
+        os.replace(path + ".tmp", path)
+    results["t_eval"] = time.perf_counter() - t0
+    return results
+
+
+def format_eval(m: dict) -> str:
+    """The evaluation part of a log line: each kind's accuracy and first-attempt tool errors per call."""
+    keys = sorted(k[:-4] for k in m if k.startswith("eval_") and k.endswith("_acc"))
+    return " | ".join(f"{k[5:]} acc {m[k + '_acc']:.3f} tool_err {m[k + '_tool_err']:.2f}" for k in keys)
+
+
+def paired_ci(before: list[bool], after: list[bool], z: float = 1.96) -> tuple[float, float, float]:
+    """Mean of after - before over the same problems, and its normal-approximation CI (paired; z=1.96: 95%)."""
+    d = [float(a) - float(b) for a, b in zip(after, before)]
+    n = len(d)
+    if n == 0:
+        return 0.0, 0.0, 0.0
+    mean = sum(d) / n
+    sd = (sum((x - mean) ** 2 for x in d) / max(1, n - 1)) ** 0.5
+    half = z * sd / n ** 0.5
+    return mean, mean - half, mean + half
+
+
+def summary(out: str, last_step: int) -> list[str]:
+    """One line per evaluation kind: held-out accuracy before the first step and after the last, the gain with
+    its paired 95% CI, and first-attempt tool errors per call; then the training reward's first and last thirds
+    (metrics.jsonl). Also written to out/summary.json."""
+    paths = [os.path.join(out, f"eval_step{s:06d}.jsonl") for s in (0, last_step)]
+    if last_step == 0 or not all(os.path.exists(p) for p in paths):
+        return []
+    start, end = ([json.loads(x) for x in open(p)] for p in paths)
+    lines, saved = [], {}
+    for key in dict.fromkeys(r["eval"] for r in start):
+        a = {r["id"]: r for r in start if r["eval"] == key}
+        b = {r["id"]: r for r in end if r["eval"] == key}
+        ids = [i for i in a if i in b]
+        if not ids:  # a kind evaluated at one end only (--eval-only may add it later)
+            continue
+        acc0, acc1 = (sum(d[i]["ok"] for i in ids) / max(1, len(ids)) for d in (a, b))
+        err0, err1 = (sum(d[i]["errors"] for i in ids) / max(1, sum(d[i]["calls"] for i in ids)) for d in (a, b))
+        gain, lo, hi = paired_ci([a[i]["ok"] for i in ids], [b[i]["ok"] for i in ids])
+        how = key[len("eval_"):].replace("_saar", ", test-time SAAR")
+        lines.append(f"held-out accuracy {acc0:.2f} -> {acc1:.2f} ({100 * gain:+.0f} pts, 95% CI {100 * lo:+.0f}.."
+                     f"{100 * hi:+.0f}, {len(ids)} problems, {how}); tool errors per call {err0:.2f} -> {err1:.2f}")
+        saved[key] = dict(acc_start=acc0, acc_end=acc1, gain=gain, ci_low=lo, ci_high=hi, n=len(ids),
+                            tool_err_start=err0, tool_err_end=err1, step=last_step)
+    steps = {}
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        for line in f:
+            r = json.loads(line)
+            if r.get("step", 0) > 0 and "reward" in r:
+                steps[r["step"]] = r["reward"]  # a step repeated by --resume keeps its last line
+    rewards = [steps[k] for k in sorted(steps)]
+    if len(rewards) >= 3:
+        k = len(rewards) // 3
+        first, last = sum(rewards[:k]) / k, sum(rewards[-k:]) / k
+        lines.append(f"training reward, mean of the first {k} steps {first:+.3f} -> of the last {k} {last:+.3f}")
+        saved["train_reward"] = dict(first_third=first, last_third=last, steps=len(rewards))
+    with open(os.path.join(out, "summary.json"), "w") as f:
+        json.dump(dict(saved, lines=lines), f, indent=1)
+    return lines
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""GRPO: group-relative advantages, the clipped policy loss, chunked log-probs, the update.
+"""GRPO: group-relative advantages, the clipped policy loss, old log-probs, the update.
 
 Implements the RL objective of CLEANER (Xu, Chen, Li, 2026), which trains with veRL's GRPO
 (recipe/cleaner/*.sh in the official code): advantages are rewards centred (and, by flag,

@@ -1359,6 +1359,13 @@ def grade_code(response: str, tests, sandbox=None, per_test_s: float = 6.0, tota
 # One entry point for training and eval
 # ---------------------------------------------------------------------------------------------------
 
+def overlong_penalty(length: int, max_len: int, buffer: int, factor: float) -> float:
+    """DAPO's soft overlong punishment: 0 until max_len - buffer, then a linear ramp to -factor."""
+    if buffer <= 0:
+        return 0.0
+    return min(0.0, -(length - (max_len - buffer)) / buffer * factor)
+
+
 def grade(problem_task: str, response: str, answer=None, tests=None, sandbox=None,
           math_grader: str = "math-verify", lcb_grader: str = "strict") -> bool:
     """Grade one final response. problem_task: "math" | "gpqa" | "code". math_grader: math-verify (ours) or

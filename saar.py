@@ -100,18 +100,6 @@ def replace_turn(old_turn_ids: list[int], new_turn_ids: list[int], *, tokenizer,
 # --------------------------------------------------------------------------- the rollback loop
 
 @dataclass
-class SaarConfig:
-    gamma: float = 0.5
-    max_retries: int = 3            # regenerations per turn position
-    sim_on: str = "call"            # "call" (official code) or "code" (paper text)
-    sim_eos: bool = False           # the call segment runs to the end of the turn, <|im_end|> included (official)
-    feedback_instruction: bool = False
-    is_mode: str = "none"           # "none" | "token" | "gate"
-    is_cap: float = 2.0             # truncation of the per-token weight ("token")
-    is_gate: float = 0.1            # minimum sequence-level ratio to accept a replacement ("gate")
-
-
-@dataclass
 class SaarState:
     """Per-trajectory SAAR state: on/off and the event log."""
     on: bool
@@ -146,12 +134,13 @@ class Outcome:
         return self.mode in ("answered", "gated")
 
 
-async def retry_failed_call(traj, start: int, result, *, cfg: SaarConfig, state: SaarState, env) -> Outcome:
+async def retry_failed_call(traj, start: int, result, *, cfg, state: SaarState, env) -> Outcome:
     """Purify the failed call in the turn at traj.response_ids[start:] (its result not yet appended).
 
-    `env` is the rollout's per-trajectory tool environment (rollout.ToolEnv): generate, score, parse, execute,
-    tokenizer, the call syntax, the tool-turn scaffolding and the tool-call budget. (This module imports no
-    project module: everything of the rollout comes through `env`.)
+    `cfg` holds SAAR's settings (a config.Saar: gamma, max_retries, sim_on, sim_eos, feedback_instruction,
+    is_mode, is_cap, is_gate). `env` is the rollout's per-trajectory tool environment (rollout.ToolEnv):
+    generate, score, parse, execute, tokenizer, the call syntax, the tool-turn scaffolding and the tool-call
+    budget. (This module imports no project module: settings and the rollout both come in duck-typed.)
     """
     retries = 0
     while True:

@@ -46,66 +46,20 @@ import re
 import shutil
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+import config
 import grpo
+import packing
 import rollout
+import tools
 from data import synth
 from data.models import cache_dir, load_model, load_tokenizer
 
 
-@dataclass
-class Args:
-    # data
-    model: str = "smollm2-135m"
-    """model to fine-tune: an offline name (smollm2-135m, tiny-qwen3, tiny-bytes), a local folder or a hub id"""
-    data: str = "synth"
-    """'synth' for generated warm-up conversations, else a JSONL of OpenAI-format chat conversations"""
-    n_conversations: int = 128
-    """conversations to train on (synth: how many to generate; a file: its first N rows, 0 = all)"""
-    fix_fraction: float = 0.0
-    """synth: share of conversations whose first call is broken (its real error from the sandbox follows) and a
-    second call fixes it, so the model learns to call again after an error, which SAAR purifies"""
-    tool_format: str = "markdown"
-    """how calls are written, as in rollout.py: markdown (```python blocks) or hermes (<tool_call> JSON)"""
-    tool_output_chars: int = 256
-    """tool outputs are cut to this many characters (middle cut), as the rollout does"""
-    max_len: int = 2048
-    """conversations longer than this many tokens are dropped (and counted)"""
-    # optimisation
-    epochs: int = 1
-    """passes over the conversations"""
-    lr: float = 2e-4
-    """peak learning rate (AdamW), reached after the warmup, then decayed linearly to 0"""
-    batch_size: int = 8
-    """conversations per optimizer step"""
-    micro_tokens: int = 2048
-    """tokens per packed forward/backward (a memory knob: it does not change the gradient)"""
-    warmup_steps: int = 2
-    """optimizer steps of linear LR warmup"""
-    weight_decay: float = 0.0
-    """AdamW weight decay"""
-    grad_clip: float = 1.0
-    """max gradient norm (0 = off)"""
-    train_layers: int = 12
-    """train only the top N decoder layers and the final norm (0 = all); the rest gets no backward pass"""
-    seed: int = 0
-    """seed for the generated data, the shuffling and the evaluation samples"""
-    # evaluation
-    eval_n: int = 32
-    """held-out warm-up problems sampled (T=1) after training, and before it for the base model; 0 = skip"""
-    eval_base: bool = True
-    """also evaluate the base model before training"""
-    # system
-    out: str = "runs/sft"
-    """folder for the step log (log.jsonl) and summary.json; '' = no files"""
-    save: str = ""
-    """where the fine-tuned model (HF folder) goes; '' = <out>/model"""
-    threads: int = 0
-    """torch CPU threads (0 = torch's default)"""
+Args = config.SftArgs  # model and seed (config.Common), the cold start's own settings (config.Sft)
 
 
 SFT_VERSION = 1           # bump when the recipe or its defaults change, so cached warm starts are rebuilt
@@ -129,7 +83,9 @@ def _content(m: dict, where: str) -> str:
     return c
 
 
-def _call_code(tool_calls, where: str) -> str:
+def _tool_call(tool_calls, where: str) -> rollout.Call:
+    """The one call of an OpenAI-format turn, for the offered tool it names (another name, as public data names
+    the interpreter variously, e.g. python: the Python tool), with the one argument the rollout renders."""
     if not isinstance(tool_calls, list) or not tool_calls:
         raise ValueError(f"{where}: field 'tool_calls' must be a non-empty list")
     if len(tool_calls) > 1:
@@ -142,10 +98,12 @@ def _call_code(tool_calls, where: str) -> str:
             args = json.loads(args)
         except json.JSONDecodeError as e:
             raise ValueError(f"{where}: tool_calls[0].function.arguments is not valid JSON ({e.msg})") from None
-    code = args.get("code") if isinstance(args, dict) else None
-    if not isinstance(code, str) or not code.strip():
-        raise ValueError(f"{where}: tool_calls[0].function.arguments has no 'code' string")
-    return code
+    name = f.get("name") if isinstance(f, dict) else None
+    tool = (tools.TOOLS.get(name) if isinstance(name, str) else None) or tools.TOOLS[tools.PythonTool.name]
+    value = args.get(tool.arg) if isinstance(args, dict) else None
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{where}: tool_calls[0].function.arguments has no {tool.arg!r} string")
+    return rollout.Call(tool.name, {tool.arg: value})
 
 
 def call_turn_text(message: dict, tool_format: str, where: str = "message") -> str:
@@ -156,13 +114,8 @@ def call_turn_text(message: dict, tool_format: str, where: str = "message") -> s
     """
     text = _content(message, where)
     if message.get("tool_calls"):
-        code = _call_code(message["tool_calls"], where)
-        if tool_format == "markdown":
-            call = "```python\n" + code + ("" if code.endswith("\n") else "\n") + "```\n"
-            text = (text.rstrip() + "\n\n" if text.strip() else "") + call
-        else:
-            payload = json.dumps({"name": rollout.TOOL_NAME, "arguments": {"code": code}}, ensure_ascii=False)
-            text = (text.rstrip() + "\n" if text.strip() else "") + f"<tool_call>\n{payload}\n</tool_call>"
+        call = rollout.call_text(_tool_call(message["tool_calls"], where), tool_format)
+        text = (text.rstrip() + ("\n\n" if tool_format == "markdown" else "\n") if text.strip() else "") + call
     start = rollout.find_call_start(text, tool_format)
     if start is None:
         raise ValueError(f"{where}: a tool result follows, but the turn holds no {tool_format} call")
@@ -179,7 +132,7 @@ def call_turn_text(message: dict, tool_format: str, where: str = "message") -> s
     if text.find(stop) != len(text) - len(stop):
         raise ValueError(f"{where}: {stop!r} occurs before the call ends; the rollout would stop generating there")
     call = rollout.parse_call(text, tool_format)
-    if call.code is None:
+    if call.args is None:
         raise ValueError(f"{where}: {call.error or 'no call'}")
     return text
 
@@ -204,7 +157,7 @@ def encode_conversation(tokenizer, messages: list[dict], *, tool_format: str, to
         raise ValueError(f"{where}: the last message must be the assistant's, got role {roles[-1]!r}")
     head = [{"role": r, "content": _content(m, f"{where}, message {i}")} for i, (r, m) in
             enumerate(zip(roles[:k + 1], messages[:k + 1]))]
-    ids = list(tokenizer.apply_chat_template(head, tools=[rollout.TOOL_SCHEMA] if tool_format == "hermes" else None,
+    ids = list(tokenizer.apply_chat_template(head, tools=tools.schemas() if tool_format == "hermes" else None,
                                              add_generation_prompt=True, tokenize=True, return_dict=False))
     mask = [0] * len(ids)
 
@@ -282,7 +235,7 @@ def synth_conversations(n: int, seed: int, tool_format: str, fix_fraction: float
                 sandbox = Sandbox(slots=1, timeout_s=4.0)
             for k in rng.sample(range(len(_BREAKS)), len(_BREAKS)):
                 bad = _BREAKS[k](code)
-                res = rollout.ToolResult.from_exec(sandbox.run(bad)) if bad != code else None
+                res = tools.ToolResult.from_exec(sandbox.run(bad)) if bad != code else None
                 if res is not None and not res.ok:
                     break
             else:
@@ -378,9 +331,9 @@ def _micro_batch(seqs, idx: list[int]):
 def masked_nll(model, seqs, idx: list[int], *, micro_tokens: int, normaliser: float, backward: bool) -> float:
     """Sum over the conversations idx of -log p(loss tokens) / normaliser; backpropagates micro-batch by micro-batch."""
     total = 0.0
-    for bin_ in grpo.pack([len(seqs[i][0]) for i in idx], micro_tokens):
+    for bin_ in packing.pack([len(seqs[i][0]) for i in idx], micro_tokens):
         ids, pos, mask = _micro_batch(seqs, [idx[j] for j in bin_])
-        logp = grpo.token_logprobs(model, ids, pos, mask=mask)  # (1, T), 0 off the mask
+        logp = packing.token_logprobs(model, ids, pos, mask=mask)  # (1, T), 0 off the mask
         loss = -(logp * mask).sum() / normaliser
         if backward:
             loss.backward()
@@ -473,8 +426,8 @@ def evaluate(engine, tokenizer, *, tool_format: str, n: int, seed: int, max_turn
     from sandbox import Sandbox
     t0 = time.time()
     problems = synth.make_problems(n, seed + EVAL_SEED_OFFSET, difficulty="warmup")  # task "math"
-    cfg = rollout.RolloutConfig(tool_format=tool_format, max_turns=2, max_turn_tokens=max_turn_tokens,
-                                max_response_tokens=4 * max_turn_tokens)
+    cfg = config.Rollout(tool_format=tool_format, max_turns=2, max_turn_tokens=max_turn_tokens,
+                         max_response_tokens=4 * max_turn_tokens, temperature=1.0)
     with Sandbox(slots=2, timeout_s=4.0) as sb:
         trajs, finals = asyncio.run(rollout.rollout_and_grade(
             engine, sb, tokenizer, problems, cfg, grade=lambda p, t: grade_math(t.final_text(tokenizer), p.answer),
@@ -490,7 +443,7 @@ def _evaluate_model(model, tokenizer, args: Args) -> dict:
     # a fresh one each time: no prefix KV of older weights
     eng = build_engine("hf", tokenizer, model=model.eval(), max_batch=8)
     try:
-        return evaluate(eng, tokenizer, tool_format=args.tool_format, n=args.eval_n, seed=args.seed)
+        return evaluate(eng, tokenizer, tool_format=args.sft.tool_format, n=args.sft.eval_n, seed=args.common.seed)
     finally:
         eng.shutdown()
 
@@ -504,59 +457,57 @@ def describe(r: dict) -> str:
 
 def run(args: Args) -> dict:
     """Load, tokenize, (evaluate the base), train, save, evaluate. Returns a summary dict."""
-    if args.tool_format not in TOOL_FORMATS:
-        raise ValueError(f"--tool_format must be one of {TOOL_FORMATS}, got {args.tool_format!r}")
-    save = args.save or (str(Path(args.out) / "model") if args.out else "")
+    save = args.sft.save or (str(Path(args.sft.out) / "model") if args.sft.out else "")
     if not save:
         raise ValueError("nowhere to save the model: give --save or --out")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
+    if args.sft.threads:
+        torch.set_num_threads(args.sft.threads)
+    torch.manual_seed(args.common.seed)
     t_start = time.time()
-    tok = load_tokenizer(args.model)
-    seqs = build_dataset(tok, data=args.data, n=args.n_conversations, tool_format=args.tool_format,
-                         tool_output_chars=args.tool_output_chars, max_len=args.max_len, seed=args.seed,
-                         fix_fraction=args.fix_fraction)
+    tok = load_tokenizer(args.common.model)
+    seqs = build_dataset(tok, data=args.sft.data, n=args.sft.n_conversations, tool_format=args.sft.tool_format,
+                         tool_output_chars=args.sft.tool_output_chars, max_len=args.sft.max_len, seed=args.common.seed,
+                         fix_fraction=args.sft.fix_fraction)
     n_tok, n_loss = sum(len(s[0]) for s in seqs), sum(sum(s[1]) for s in seqs)
     print(f"[sft] {len(seqs)} conversations, {n_tok} tokens ({n_loss} in the loss, longest "
-          f"{max(len(s[0]) for s in seqs)}), model {args.model}, tool format {args.tool_format}", file=sys.stderr)
-    model = load_model(args.model)
-    grpo.packed_attention(model)  # packed rows: sdpa sequence by sequence, not over the whole row
-    summary = dict(args=dataclasses.asdict(args), conversations=len(seqs), tokens=n_tok, loss_tokens=n_loss)
-    if args.eval_n and args.eval_base:
+          f"{max(len(s[0]) for s in seqs)}), model {args.common.model}, tool format {args.sft.tool_format}", file=sys.stderr)
+    model = load_model(args.common.model)
+    packing.packed_attention(model)  # packed rows: sdpa sequence by sequence, not over the whole row
+    summary = dict(args=config.flat(args), conversations=len(seqs), tokens=n_tok, loss_tokens=n_loss)
+    if args.sft.eval_n and args.sft.eval_base:
         summary["eval_base"] = _evaluate_model(model, tok, args)
         print(f"[sft] base model: {describe(summary['eval_base'])}", file=sys.stderr)
     logf = None
-    if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        logf = open(Path(args.out) / "log.jsonl", "w")
+    if args.sft.out:
+        Path(args.sft.out).mkdir(parents=True, exist_ok=True)
+        logf = open(Path(args.sft.out) / "log.jsonl", "w")
     try:
         t0 = time.time()
-        stats = train(model, seqs, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
-                      micro_tokens=max(args.micro_tokens, max(len(s[0]) for s in seqs)),
-                      warmup_steps=args.warmup_steps, weight_decay=args.weight_decay, grad_clip=args.grad_clip,
-                      seed=args.seed, train_layers=args.train_layers, log=(lambda s: print(json.dumps(s), file=logf, flush=True)) if logf else None)
+        stats = train(model, seqs, epochs=args.sft.epochs, lr=args.sft.lr, batch_size=args.sft.batch_size,
+                      micro_tokens=max(args.sft.micro_tokens, max(len(s[0]) for s in seqs)),
+                      warmup_steps=args.sft.warmup_steps, weight_decay=args.sft.weight_decay, grad_clip=args.sft.grad_clip,
+                      seed=args.common.seed, train_layers=args.sft.train_layers, log=(lambda s: print(json.dumps(s), file=logf, flush=True)) if logf else None)
         summary["train_s"] = round(time.time() - t0, 1)
     finally:
         if logf:
             logf.close()
     summary["first_loss"], summary["last_loss"] = stats[0]["loss"], stats[-1]["loss"]
-    meta = dict(version=SFT_VERSION, base_model=args.model, tool_format=args.tool_format, seed=args.seed,
-                conversations=len(seqs), data=args.data, train_s=summary["train_s"],
+    meta = dict(version=SFT_VERSION, base_model=args.common.model, tool_format=args.sft.tool_format, seed=args.common.seed,
+                conversations=len(seqs), data=args.sft.data, train_s=summary["train_s"],
                 first_loss=summary["first_loss"], last_loss=summary["last_loss"], created=time.time(), pid=os.getpid(),
-                args=dataclasses.asdict(args))
+                args=config.flat(args))
     summary["saved"] = save_model(model, tok, save, meta)
     print(f"[sft] trained {len(stats)} steps in {summary['train_s']:.0f} s (loss {summary['first_loss']:.3f} -> "
           f"{summary['last_loss']:.3f}); saved {summary['saved']}", file=sys.stderr)
-    if args.eval_n:
+    if args.sft.eval_n:
         summary["eval_sft"] = _evaluate_model(model, tok, args)
         if "eval_base" in summary:
             print(f"[sft] base model: {describe(summary['eval_base'])}", file=sys.stderr)
         print(f"[sft] after SFT:  {describe(summary['eval_sft'])}", file=sys.stderr)
         print(f"[sft] a sample after SFT:\n{summary['eval_sft']['sample'][:1200]}", file=sys.stderr)
     summary["total_s"] = round(time.time() - t_start, 1)
-    if args.out:
-        (Path(args.out) / "summary.json").write_text(json.dumps(summary, indent=1))
+    if args.sft.out:
+        (Path(args.sft.out) / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
 
 
@@ -579,7 +530,7 @@ def warm_start(model_name: str, *, tool_format: str = "markdown", seed: int = 0,
     overrides are other Args fields (e.g. epochs=1); they are part of the cache key. No evaluation
     runs here. Two processes racing on one key both train; the first rename wins.
     """
-    unknown = set(overrides) - {f.name for f in dataclasses.fields(Args)}
+    unknown = set(overrides) - {f.name for f in dataclasses.fields(config.Sft)}
     if unknown:
         raise TypeError(f"warm_start: unknown Args fields {sorted(unknown)}")
     p = Path(model_name).expanduser()
@@ -598,12 +549,12 @@ def warm_start(model_name: str, *, tool_format: str = "markdown", seed: int = 0,
     print(f"[sft] warm start: no cached model for {model_name} ({tool_format}, seed {seed}, n {n}); "
           f"fine-tuning once into {final}", file=sys.stderr)
     kw = dict(eval_n=0, out="") | overrides
-    run(Args(model=model_name, tool_format=tool_format, seed=seed, n_conversations=n, save=str(final), **kw))
+    run(Args(common=config.Common(model=model_name, seed=seed),
+             sft=config.Sft(tool_format=tool_format, n_conversations=n, save=str(final), **kw)))
     if not _is_complete(final):
         raise RuntimeError(f"warm start: trained, but {final} is not a complete model folder")
     return str(final)
 
 
 if __name__ == "__main__":
-    import tyro
-    run(tyro.cli(Args, description=(__doc__ or "").strip().splitlines()[0]))
+    run(config.cli(Args, (__doc__ or "").strip().splitlines()[0]))

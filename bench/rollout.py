@@ -24,14 +24,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
+import dataclasses
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import config  # noqa: E402
 import rollout  # noqa: E402
-import saar  # noqa: E402
 from data import models, synth  # noqa: E402
 from engine import HFEngine, SamplingParams, column_major  # noqa: E402
 from sandbox import Sandbox  # noqa: E402
@@ -158,14 +159,14 @@ def main():
         eng = col  # parts 2 and 3 decode as train.py does on CPU
 
     meter = Meter(eng)
-    kw = dict(tool_format="markdown", max_turns=4, max_response_tokens=a.budget, eos_ids=eng.eos_token_ids)
+    cfg = config.Rollout(tool_format="markdown", max_turns=4, max_response_tokens=a.budget, temperature=1.0)
     with Sandbox(slots=2) as sb:
         # ---- 2. tool-calling rollouts versus plain generation of the same budget
         if 2 in parts:
             eng.flush_cache()
             t0 = time.perf_counter()
-            trajs = loop.run_until_complete(rollout.rollout_batch(meter, sb, tok, prompts, seeds=list(range(len(prompts))),
-                                                                  **kw))
+            trajs = loop.run_until_complete(rollout.rollout_batch(meter, sb, tok, prompts, cfg,
+                                                                  seeds=list(range(len(prompts)))))
             t_tools = time.perf_counter() - t0
             figures["engine_idle_share"] = meter.idle / t_tools
             n_tools = sum(sum(t.loss_mask) for t in trajs)  # sampled tokens only
@@ -186,13 +187,13 @@ def main():
         # ---- 3. SAAR on versus off, one injected failure per trajectory (its first call)
         if 3 in parts:
             res = {}
-            for name, cfg in (("off", None), ("on", saar.SaarConfig())):
+            for name, saar in (("off", None), ("on", config.Saar())):
                 eng.flush_cache()
                 meter.reset()
                 t0 = time.perf_counter()
                 tr = loop.run_until_complete(rollout.rollout_batch(
-                    meter, FirstCallFails(sb), tok, all_prompts[:a.saar_requests], seeds=list(range(a.saar_requests)),
-                    saar_cfg=cfg, saar_p=1.0, stateful=True, **kw))
+                    meter, FirstCallFails(sb), tok, all_prompts[:a.saar_requests],
+                    dataclasses.replace(cfg, stateful=True), saar, seeds=list(range(a.saar_requests))))
                 res[name] = (time.perf_counter() - t0, meter.tokens, tr)
             events = [e for t in res["on"][2] for e in t.saar_events]
             kinds = {k: sum(e["kind"] == k for e in events) for k in ("shallow", "deep", "answered", "given_up")}

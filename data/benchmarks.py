@@ -15,6 +15,9 @@ LiveCodeBench (code_generation_lite): public and private tests are all kept; pri
 base64(zlib(pickle)), read by an unpickler that refuses anything but plain containers. Problems
 with metadata.func_name (LeetCode) are graded by calling Solution().<func_name>; the others read
 stdin and write stdout.
+
+eval.py's loaders (load_aime, load_gpqa, load_lcb) read a benchmark's files into these Problems; their errors
+name the file, the row and the eval.py flag to fix.
 """
 
 from __future__ import annotations
@@ -25,11 +28,12 @@ import io
 import json
 import pickle
 import random
+import re
 import zipfile
 import zlib
 from pathlib import Path
 
-from data.problems import DataError, Problem
+from data.problems import DataError, Problem, load_named
 
 GPQA_COLUMNS = ("Question", "Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3")
 
@@ -182,3 +186,80 @@ def lcb_problem(row: dict) -> Problem:
                    meta={"benchmark": "lcb", "title": row.get("question_title"), "platform": row.get("platform"),
                          "difficulty": row.get("difficulty"), "contest_date": row["contest_date"],
                          "starter_code": starter})
+
+
+# ---------------------------------------------------------------------- eval.py's benchmarks: their Problems, with
+# meta["benchmark"] set; `problem` is the text the model sees (GPQA: question and lettered choices; LiveCodeBench:
+# statement and I/O contract). A bad file or row is a DataError that names it, and the flag that points at it.
+
+def load_aime(name: str, data_dir: str = "", limit: int = 0) -> list[Problem]:
+    try:
+        problems = load_named(name, data_dir or None, limit=limit or None, task="math")
+    except (FileNotFoundError, DataError) as e:
+        raise DataError(f"{name}: {e}") from None
+    for p in problems:
+        p.meta["benchmark"] = name
+    return problems
+
+
+def load_gpqa(path: str, seed: int = 0, limit: int = 0, password: str = "deserted-untie-orchid") -> list[Problem]:
+    """GPQA-Diamond with the choices of each question shuffled by Random(f"{seed}:{record id}")
+    (gpqa_problem)."""
+    if not path:
+        raise DataError("the gpqa benchmark needs --gpqa-path: the official gpqa_diamond.csv, the hub parquet, "
+                        "or GPQA's password-protected dataset.zip (it is not bundled: its authors ask that "
+                        "the questions not be redistributed)")
+    try:
+        rows = read_gpqa_rows(path, password)
+    except (FileNotFoundError, DataError) as e:
+        raise DataError(str(e).replace("the zip password", "--gpqa-zip-password")) from None
+    if not rows:
+        raise DataError(f"{path}: no rows")
+    problems = []
+    for i, row in enumerate(rows[:limit or None], start=1):
+        try:
+            problems.append(gpqa_problem(row, seed, index=i))
+        except DataError as e:
+            raise DataError(f"{path}: row {i}: {e}") from None
+    return problems
+
+
+def load_lcb(lcb_dir: str, start: str = "2025-02", end: str = "2025-05", limit: int = 0,
+             ids: set[str] | None = None) -> list[Problem]:
+    """LiveCodeBench problems with start <= contest month <= end (or exactly `ids`, for --score)."""
+    if not lcb_dir:
+        raise DataError("the lcb benchmark needs --lcb-dir: a folder with LiveCodeBench's test*.jsonl "
+                        "release files (livecodebench/code_generation_lite)")
+    d = Path(lcb_dir)
+    files = sorted(d.glob("test*.jsonl")) if d.is_dir() else []
+    if not files:
+        raise DataError(f"no LiveCodeBench test*.jsonl files in {d}")
+    for m in (start, end):
+        if not re.fullmatch(r"\d{4}-\d{2}(-\d{2})?", m):
+            raise DataError(f"LiveCodeBench window bounds must look like 2025-02 or 2025-02-15, got {m!r}")
+    problems, seen = [], set()
+    for path in files:
+        for where, row in jsonl_rows(path):
+            qid = str(row.get("question_id"))
+            if qid in seen or (qid not in ids if ids is not None else not lcb_in_window(row, start, end)):
+                continue
+            try:
+                problems.append(lcb_problem(row))
+            except DataError as e:
+                raise DataError(f"{where}: {e}") from None
+            seen.add(qid)
+            if limit and len(problems) >= limit:
+                return problems
+    return problems
+
+
+def jsonl_rows(path: Path):
+    """(file:line, parsed value) for each non-blank line; a line that is not JSON is a DataError naming it."""
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield f"{path}:{lineno}", json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{lineno}: malformed JSON line ({e.msg} at column {e.colno})") from None

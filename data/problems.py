@@ -236,3 +236,16 @@ def load_named(name: str, data_dir: str | Path | None = None, limit: int | None 
             f"data set {name!r}: {path} not found. Point $CLEANER_DATA (or data_dir) at the folder that "
             f"holds {FILES[name]}, or fetch it with `python data/download.py --sets ... --out {d}`")
     return load_jsonl(path, task=task, limit=limit, on_error=on_error)
+
+
+def stratified(order: list[int], strata: list) -> list[int]:
+    """The permutation `order`, reordered so that its strata come in turn (in the order each first appears),
+    each keeping its own order; when one runs out the others go on. order: indices into strata."""
+    queues: dict = {}
+    for i in order:
+        queues.setdefault(strata[i], []).append(i)
+    out, depth = [], 0
+    while len(out) < len(order):
+        out += [q[depth] for q in queues.values() if depth < len(q)]
+        depth += 1
+    return out

@@ -493,3 +493,17 @@ def make_sft_conversations(n: int, seed: int, tool_format: str = "markdown",
         ]
         out.append({"id": p.id, "answer": p.answer, "messages": messages})
     return out
+
+
+def load_problems(spec: str, *, seed: int, n: int | None) -> list[Problem]:
+    """train.py's --train-data/--eval-data: 'synth[-level][:kind,kind,...]' generates n problems (default 4096)
+    from this seed ('synth' is the "rl" level); anything else is a named set of data/problems.py or a JSONL path,
+    its malformed rows skipped and counted."""
+    from data import problems
+    if spec.split(":")[0] in ("synth", "synth-medium", "synth-warmup"):
+        level, _, kinds = spec.partition(":")
+        return make_problems(n or 4096, seed, difficulty={"synth": "rl"}.get(level, level[len("synth-"):]),
+                             kinds=tuple(kinds.split(",")) if kinds else None)
+    if spec in problems.FILES:
+        return problems.load_named(spec, limit=n, on_error="skip")
+    return problems.load_jsonl(spec, limit=n, on_error="skip")

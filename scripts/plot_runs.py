@@ -126,7 +126,7 @@ def table(runs_by_arm: dict[str, list[str]], metrics: dict[str, list[dict]]) -> 
 def paired_arms(runs_by_arm: dict[str, list[str]]) -> list[str]:
     """Per seed, the end-of-run held-out accuracy of arm A minus arm B on the same problems, per evaluation kind."""
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from train import paired_ci  # the same paired CI as a run's own summary
+    from eval import paired_ci  # the same paired CI as a run's own summary
     (a, runs_a), (b, runs_b) = runs_by_arm.items()
     lines, diffs = [], defaultdict(list)
     for ra in runs_a:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Qwen3-4B CLEANER (the paper's main run): GRPO + SAAR on every trajectory, 4 GPUs, one node.
-# --faithful: the official code's choices where ours differ (train.py FAITHFUL; README: Departures): veRL's
+# --faithful: the official code's choices where ours differ (config.py FAITHFUL; docs/departures.md): veRL's
 # loss aggregation and warmup, the tool's echo of a final expression and its success/failure header, json_repair
 # for calls, a 30-call cap that only stops SAAR, the strict boxed-answer reward, the similarity on the call as
 # generated to the end of the turn, and prompts over 2560 tokens dropped.

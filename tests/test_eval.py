@@ -1,5 +1,6 @@
 """eval.py: pass@k / mean@n / maj@n, the loaders (on synthetic GPQA and LiveCodeBench fixtures),
-the JSONL round trip of --score, and the error messages. Only the model is faked."""
+the JSONL round trip of --score, the error messages, the settings (config.Eval, scripts/eval_*.sh), and the
+held-out evaluation of a training run (held_out, summary). Only the model is faked."""
 import base64
 import dataclasses
 import itertools
@@ -11,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
+import config
 import eval as ev
 from data.benchmarks import decode_lcb_tests
-from data.problems import Problem
+from data.problems import DataError, Problem
 
 # gpqa_synthetic.csv: eight made-up toy questions in the official GPQA CSV columns (no GPQA content).
 # gpqa_synthetic.zip: the same CSV as dataset/gpqa_diamond.csv, encrypted like GPQA's dataset.zip
@@ -101,15 +103,15 @@ def test_gpqa_csv_and_zip_load_the_same_shuffled_problems():
 
 
 def test_gpqa_errors_name_the_problem_and_never_show_questions(tmp_path):
-    with pytest.raises(ev.EvalError, match="needs --gpqa-path"):
+    with pytest.raises(DataError, match="needs --gpqa-path"):
         ev.load_gpqa("")
-    with pytest.raises(ev.EvalError, match="GPQA file not found: .*nope.csv"):
+    with pytest.raises(DataError, match="GPQA file not found: .*nope.csv"):
         ev.load_gpqa(str(tmp_path / "nope.csv"))
-    with pytest.raises(ev.EvalError, match="check --gpqa-zip-password"):
+    with pytest.raises(DataError, match="check --gpqa-zip-password"):
         ev.load_gpqa(str(FIXTURES / "gpqa_synthetic.zip"), password="wrong")
     bad = tmp_path / "bad.csv"
     bad.write_text("Question,Correct Answer,Incorrect Answer 1,Incorrect Answer 2\nSecret toy question?,1,2,3\n")
-    with pytest.raises(ev.EvalError, match=r"row 1: missing or empty column 'Incorrect Answer 3'") as e:
+    with pytest.raises(DataError, match=r"row 1: missing or empty column 'Incorrect Answer 3'") as e:
         ev.load_gpqa(str(bad))
     assert "Secret toy question" not in str(e.value)
 
@@ -192,7 +194,7 @@ def test_lcb_restricted_unpickler_refuses_code(tmp_path):
     evil.flag = tmp_path / "pwned"
     payload = base64.b64encode(zlib.compress(pickle.dumps(evil))).decode()
     d = write_lcb(tmp_path / "lcb", [lcb_row("x1", "2025-03-01T00:00:00", [stdin_case("1\n", "1\n")], payload)])
-    with pytest.raises(ev.EvalError, match=r"test.jsonl:1: private test cases: refusing to unpickle global (posix|os)\.system"):
+    with pytest.raises(DataError, match=r"test.jsonl:1: private test cases: refusing to unpickle global (posix|os)\.system"):
         ev.load_lcb(str(d))
     assert not evil.flag.exists()
     # plain containers are fine, pickled directly or as a JSON string
@@ -201,12 +203,12 @@ def test_lcb_restricted_unpickler_refuses_code(tmp_path):
 
 
 def test_lcb_errors(tmp_path):
-    with pytest.raises(ev.EvalError, match="needs --lcb-dir"):
+    with pytest.raises(DataError, match="needs --lcb-dir"):
         ev.load_lcb("")
-    with pytest.raises(ev.EvalError, match="no LiveCodeBench test\\*.jsonl files"):
+    with pytest.raises(DataError, match="no LiveCodeBench test\\*.jsonl files"):
         ev.load_lcb(str(tmp_path))
     d = write_lcb(tmp_path / "x", [lcb_row("f", "2025-03-01T00:00:00", [func_case("1", "1")], "[]")])
-    with pytest.raises(ev.EvalError, match="test.jsonl:1: functional problem without metadata.func_name"):
+    with pytest.raises(DataError, match="test.jsonl:1: functional problem without metadata.func_name"):
         ev.load_lcb(str(d))
 
 
@@ -248,12 +250,12 @@ def fake_generate(args, problems):
     every other problem gets one failed tool call. Graded as generate's records are (eval's own grader)."""
     records = []
     for j, p in enumerate(problems):
-        for i in range(ev.samples_per_problem(args, p.meta["benchmark"])):
+        for i in range(ev.BENCHMARKS[p.meta["benchmark"]].n(args.bench)):
             text = rf"Thinking... \boxed{{0{p.answer}}}" if i == 0 else r"I give up: \boxed{0}"
             records.append({"benchmark": p.meta["benchmark"], "problem_id": p.id, "sample_idx": i, "response": text,
-                            "num_tool_calls": j % 2, "num_tool_errors": j % 2, "saar": args.saar == "on",
+                            "num_tool_calls": j % 2, "num_tool_errors": j % 2, "saar": args.bench.saar == "on",
                             "meta": {"finish_reason": "stop"}})
-    return ev.grade_records(records, {(p.meta["benchmark"], p.id): p for p in problems}, args)
+    return ev.grade_records(records, {(p.meta["benchmark"], p.id): p for p in problems}, args.bench)
 
 
 def test_eval_then_score_reproduces_the_numbers(shared_data, tmp_path, monkeypatch, capsys):
@@ -312,25 +314,82 @@ def test_lcb_records_are_scored_in_the_sandbox(lcb_dir, tmp_path, capsys):
         ev.main(["--score", str(path), "--lcb-dir", str(lcb_dir)])
 
 
-def test_generate_passes_its_saar_and_tool_flags_to_the_rollout(monkeypatch):
-    """eval.py has train.py's test-time SAAR and tool flags (gamma, retries, similarity input, echo, JSON
-    repair, the call cap), and they reach the rollout."""
+# --- settings: config.Eval, the scripts' flags ------------------------------------------------------------
+
+def script_flags(path: Path) -> list[str]:
+    """The eval.py arguments of a scripts/eval_*.sh, its ${VAR:-default}s at their defaults."""
+    import re
+    import shlex
+    text = path.read_text().replace("\\\n", " ")
+    line = re.search(r"python eval\.py (.*)", text).group(1)
+    return shlex.split(re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", line).replace('"$@"', ""))
+
+
+def test_the_eval_scripts_flags_parse_to_the_papers_settings():
+    root = Path(__file__).resolve().parents[1] / "scripts"
+    scripts = {p.name: p for p in root.glob("eval_*.sh")}
+    assert "python eval.py" not in scripts.pop("eval_demyagent_4b.sh").read_text()  # it runs the cleaner one
+    assert len(scripts) == 4
+    for name, path in scripts.items():
+        a = config.cli(config.Eval, "", script_flags(path))
+        assert (a.bench.n, a.bench.lcb_n) == ((32 if "7b" in name else 16), 10), name
+        r = a.rollout
+        assert (r.temperature, r.top_p, r.max_turns, r.max_response_tokens, a.bench.saar) == (1.0, 0.6, 16, 20480, "paper")
+        assert a.bench.tools == ("notool" not in name) and r.tool_format == "auto"
+        # --faithful: every official choice eval.py has
+        assert r.tool_echo and r.tool_header and r.repair_json and not r.tool_cap_ends and not r.last_turn_calls
+        assert a.saar.sim_eos and a.bench.lcb_grader == "official" and a.common.model.endswith("/hf")
+
+
+def test_bad_choices_get_tyros_error(capsys):
+    for argv in (["--saar", "maybe"], ["--lcb-grader", "nvidia"], ["--tool-format", "json"], ["--sim-on", "text"]):
+        with pytest.raises(SystemExit) as e:
+            ev.main(argv)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and argv[0] in err, (argv, err[-500:])
+
+
+def test_faithful_sets_the_official_rollout(monkeypatch):
+    monkeypatch.setattr(ev, "evaluate", lambda args: args)
+    faithful = config.flat(ev.main(["--faithful", "--benchmarks", "aime24"]))
+    mine = {k: v for k, v in config.FAITHFUL.items() if k in faithful}
+    assert set(mine) == {"tool_echo", "tool_header", "repair_json", "tool_cap_ends", "last_turn_calls", "sim_eos",
+                         "lcb_grader"}
+    assert {k: faithful[k] for k in mine} == mine
+    assert {k: config.flat(ev.main(["--benchmarks", "aime24"]))[k] for k in mine} != mine  # the control: not set
+
+
+# --- generation -------------------------------------------------------------------------------------------
+
+def test_generate_passes_its_settings_to_the_rollout(monkeypatch):
+    """Every rollout, SAAR and sandbox setting of eval.py reaches the rollout: the config.Rollout with its tool
+    format and budget resolved, the config.Saar when test-time SAAR is on (saar_p 1.0), the sandbox's limits."""
     import rollout
-    seen = {}
+    seen = []
 
-    async def capture(engine, sandbox, tok, prompts, cfg, *, seeds, progress, metas=None, **overrides):
-        seen.update(cfg=cfg, overrides=overrides)
-        raise RuntimeError("captured")
+    async def capture(engine, sandbox, tok, problems, cfg, saar=None, **kw):
+        seen.append(dict(cfg=cfg, saar=saar, sandbox=(sandbox.slots, sandbox.timeout_s, sandbox.memory_mb), **kw))
+        return [], []
 
-    monkeypatch.setattr(rollout, "rollout_batch", capture)
-    args = ev.Args(model="tiny-qwen3", benchmarks="aime24", n=1, saar="on", gamma=0.7, max_retries=2, sim_eos=True,
-                   tool_echo=True, repair_json=True, tool_cap_ends=False, max_tool_calls=7, max_new_tokens=64)
+    monkeypatch.setattr(rollout, "rollout_and_grade", capture)
     prob = Problem(id="p", problem="What is 1 + 1?", answer="2", task="math", tests=None, meta={"benchmark": "aime24"})
-    with pytest.raises(RuntimeError, match="captured"):
-        ev.generate(args, [prob])
-    cfg = dataclasses.replace(seen["cfg"], **seen["overrides"])
-    assert (cfg.saar_cfg.gamma, cfg.saar_cfg.max_retries, cfg.saar_cfg.sim_eos, cfg.saar_cfg.sim_on) == (0.7, 2, True, "call")
-    assert cfg.echo and cfg.repair_json and cfg.cap_ends is False and cfg.max_tool_calls == 7
+    argv = ["--model", "tiny-qwen3", "--benchmarks", "aime24", "--n", "3", "--saar", "both", "--gamma", "0.7",
+            "--max-retries", "2", "--sim-eos", "--tool-echo", "--repair-json", "--no-tool-cap-ends",
+            "--max-tool-calls", "7", "--max-new-tokens", "64", "--tool-timeout-s", "3", "--sandbox-slots", "1",
+            "--tool-memory-mb", "512", "--error-format", "last_line", "--seed", "5"]
+    assert ev.generate(config.cli(config.Eval, "", argv), [prob]) == []
+    assert [s["saar"] is None for s in seen] == [True, False]  # --saar both: off, then on
+    cfg, s = seen[1]["cfg"], seen[1]["saar"]
+    assert (s.gamma, s.max_retries, s.sim_eos, s.sim_on) == (0.7, 2, True, "call") and seen[1]["saar_p"] == 1.0
+    assert cfg.tool_echo and cfg.repair_json and cfg.tool_cap_ends is False and cfg.max_tool_calls == 7
+    assert (cfg.tool_format, cfg.max_response_tokens, cfg.error_format) == ("hermes", 64, "last_line")
+    assert (cfg.temperature, cfg.top_p, cfg.max_turns) == (1.0, 0.6, 16)  # the paper's evaluation
+    assert seen[0]["sandbox"] == (1, 3.0, 512) and seen[0]["n"] == 3 and seen[0]["seeds"] == [5_000_015, 5_000_016, 5_000_017]
+    seen.clear()
+    ev.generate(config.cli(config.Eval, "", ["--model", "tiny-qwen3", "--no-tools", "--saar", "off"]), [prob])
+    import torch
+    budget = 20480 if torch.cuda.is_available() else 1024  # --max-new-tokens 0: by device
+    assert (seen[0]["cfg"].tool_format, seen[0]["cfg"].max_response_tokens) == ("none", budget)
 
 
 def test_generate_rolls_out_and_grades_each_sample_as_score_does(monkeypatch):
@@ -340,10 +399,11 @@ def test_generate_rolls_out_and_grades_each_sample_as_score_does(monkeypatch):
     from fakes import ScriptedEngine
     script = ["So \\boxed{2}.<|im_end|>", "\\boxed{3}<|im_end|>", "\\boxed{007}<|im_end|>", "no answer<|im_end|>"]
     monkeypatch.setattr(engine, "build_engine", lambda kind, tok, **kw: ScriptedEngine(tok, script))
-    monkeypatch.setitem(ev.BENCHMARKS, "toy", ev.Benchmark("math", lambda a: [], lambda a: 2, True))
+    monkeypatch.setitem(ev.BENCHMARKS, "toy", ev.Benchmark("math", lambda b: [], lambda b: 2, True))
     probs = [Problem(id=i, problem=q, answer=a, task="math", meta={"benchmark": "toy"})
              for i, q, a in (("t1", "What is 1 + 1?", "2"), ("t2", "What is 3 + 4?", "7"))]
-    args = ev.Args(model="tiny-qwen3", benchmarks="toy", saar="paper", max_new_tokens=64, grade_workers=2)
+    args = config.cli(config.Eval, "", ["--model", "tiny-qwen3", "--benchmarks", "toy", "--saar", "paper",
+                                        "--max-new-tokens", "64", "--grade-workers", "2"])
     records = ev.generate(args, probs)
     assert [(r["problem_id"], r["sample_idx"]) for r in records] == [("t1", 0), ("t1", 1), ("t2", 0), ("t2", 1)]
     assert [r["pred"] for r in records] == ["2", "3", "007", None]
@@ -351,17 +411,17 @@ def test_generate_rolls_out_and_grades_each_sample_as_score_does(monkeypatch):
     assert [r["gold"] for r in records] == ["2", "2", "7", "7"] and all(r["saar"] for r in records)
     assert records[0]["response"] == "So \\boxed{2}." and records[0]["meta"]["finish_reason"] == "answer"
     again = [{k: v for k, v in r.items() if k not in ("pred", "correct")} for r in records]
-    assert ev.grade_records(again, {}, args) == records
+    assert ev.grade_records(again, {}, args.bench) == records
 
 
 def test_a_benchmark_is_one_registry_entry(monkeypatch, tmp_path, capsys):
     """Adding a benchmark is one entry of eval.BENCHMARKS: parsing, samples per problem, the paper's test-time
     SAAR setting, grading and the tables all follow it; nothing else names benchmarks."""
     prob = Problem(id="t1", problem="What is 1 + 1?", answer="2", task="math", tests=None, meta={"benchmark": "toy"})
-    monkeypatch.setitem(ev.BENCHMARKS, "toy", ev.Benchmark("math", lambda a: [prob], lambda a: 3, False))
-    args = ev.Args(benchmarks="toy", saar="paper")
-    assert ev.parse_benchmarks("toy") == ["toy"] and ev.load_benchmark("toy", args) == [prob]
-    assert ev.samples_per_problem(args, "toy") == 3 and ev.saar_settings(args, "toy") == [False]
+    monkeypatch.setitem(ev.BENCHMARKS, "toy", ev.Benchmark("math", lambda b: [prob], lambda b: 3, False))
+    b = config.Bench(benchmarks="toy", saar="paper")
+    assert ev.parse_benchmarks("toy") == ["toy"] and ev.BENCHMARKS["toy"].load(b) == [prob]
+    assert ev.BENCHMARKS["toy"].n(b) == 3 and ev.saar_settings(b, "toy") == [False]
     path = tmp_path / "toy.jsonl"
     recs = [dict(benchmark="toy", problem_id="t1", sample_idx=i, response=r, gold="2", num_tool_calls=0,
                  num_tool_errors=0, saar=False) for i, r in enumerate(["\\boxed{2}", "\\boxed{3}", "\\boxed{2}"])]
@@ -370,8 +430,140 @@ def test_a_benchmark_is_one_registry_entry(monkeypatch, tmp_path, capsys):
     assert summary["toy"]["mean@n"] == pytest.approx(2 / 3) and summary["toy"]["maj@n"] == 1.0
 
 
-def test_faithful_sets_the_official_rollout(monkeypatch):
-    seen = {}
-    monkeypatch.setattr(ev, "evaluate", lambda args: seen.setdefault("args", args))
-    ev.main(["--faithful", "--benchmarks", "aime24"])
-    assert {k: getattr(seen["args"], k) for k in ev.FAITHFUL} == ev.FAITHFUL
+# --- the held-out evaluation of a training run (train.py calls held_out, format_eval, summary) ---------------
+
+@pytest.fixture(scope="module")
+def tok():
+    from data.models import load_tokenizer
+    return load_tokenizer("tiny-qwen3")
+
+
+@pytest.fixture(scope="module")
+def sb():
+    from sandbox import Sandbox
+    with Sandbox(slots=1, timeout_s=4.0) as s:
+        yield s
+
+
+def call(code: str) -> str:
+    return "Let me compute.\n<tool_call>\n" + json.dumps({"name": "code_interpreter", "arguments": {"code": code}}) + \
+        "\n</tool_call>"
+
+
+HELD_OUT = [Problem(id="a", problem="What is 1 + 1?", answer="2", task="math"),
+            Problem(id="b", problem="What is 3 + 4?", answer="7", task="math")]
+
+
+def held_out(tok, sb, script, out_dir, step=0, **settings):
+    """eval.held_out as train.py calls it, on one process, with the scripted model; returns (metrics, engine)."""
+    import asyncio
+
+    import reward
+    from fakes import ScriptedEngine
+
+    class Recording(ScriptedEngine):  # the scripted model, noting each request's temperature
+        temps: list = []
+
+        async def generate(self, input_ids, params):
+            self.temps.append(params.temperature)
+            return await super().generate(input_ids, params)
+
+    args = config.replace(config.Train(), model="tiny-qwen3", **settings)
+    cfg = dataclasses.replace(args.rollout, tool_format="hermes")
+    grade = lambda p, tr: reward.grade(p.task, tr.final_text(tok), answer=p.answer, sandbox=sb)  # noqa: E731
+    eng, loop = Recording(tok, script), asyncio.new_event_loop()
+    try:
+        m = ev.held_out(loop, eng, sb, tok, HELD_OUT, args, step=step, out_dir=out_dir, rollout_cfg=cfg,
+                        templates=None, grade=grade, rank=0, world=1)
+    finally:
+        loop.close()
+    assert not eng.turns, "the script has turns left"
+    return m, eng
+
+
+def eval_rows(folder: Path, step: int) -> list[dict]:
+    return [json.loads(x) for x in (folder / f"eval_step{step:06d}.jsonl").read_text().splitlines()]
+
+
+def test_held_out_greedy_with_and_without_test_time_saar(tok, sb, tmp_path):
+    """--eval-saar both: problem b's call fails; without SAAR the model calls it again, fails again and answers
+    wrong, with SAAR the failed call is purified and the retried one leads to the right answer. The records are per
+    problem, the tool errors those of first attempts (SAAR's retries excluded), and every request is greedy."""
+    off = ["\\boxed{2}<|im_end|>", call("print(1/0)"), call("print(1/0)"), "So \\boxed{0}.<|im_end|>"]
+    on = ["\\boxed{2}<|im_end|>", call("print(1/0)"), call("print(3 + 4)"), "So \\boxed{7}.<|im_end|>"]
+    m, eng = held_out(tok, sb, off + on, str(tmp_path), eval_saar="both")
+    assert (m["eval_greedy_acc"], m["eval_greedy_saar_acc"]) == (0.5, 1.0)
+    assert m["eval_greedy_tool_err"] == m["eval_greedy_saar_tool_err"] == 1.0  # the purified call's first attempt
+    assert (m["eval_greedy_tool_calls"], m["eval_greedy_saar_tool_calls"]) == (1.0, 0.5) and m["t_eval"] > 0
+    assert set(eng.temps) == {0.0}
+    assert eval_rows(tmp_path, 0) == [
+        dict(id="a", ok=True, calls=0, errors=0, eval="eval_greedy"), dict(id="b", ok=False, calls=2, errors=2, eval="eval_greedy"),
+        dict(id="a", ok=True, calls=0, errors=0, eval="eval_greedy_saar"),
+        dict(id="b", ok=True, calls=1, errors=1, eval="eval_greedy_saar")]
+    assert ev.format_eval(m) == "greedy acc 0.500 tool_err 1.00 | greedy_saar acc 1.000 tool_err 1.00"
+    # a later evaluation of the same step (--eval-only --eval-saar on) replaces its own kind and keeps the others
+    m2, _ = held_out(tok, sb, ["\\boxed{5}<|im_end|>", "\\boxed{5}<|im_end|>"], str(tmp_path), eval_saar="on")
+    assert set(m2) == {"eval_greedy_saar_acc", "eval_greedy_saar_tool_err", "eval_greedy_saar_tool_calls", "t_eval"}
+    assert [(r["eval"], r["ok"]) for r in eval_rows(tmp_path, 0)] == [
+        ("eval_greedy", True), ("eval_greedy", False), ("eval_greedy_saar", False), ("eval_greedy_saar", False)]
+
+
+def test_held_out_sampled_at_the_rollout_temperature(tok, sb, tmp_path):
+    m, eng = held_out(tok, sb, ["\\boxed{2}<|im_end|>", "\\boxed{1}<|im_end|>"] * 2, None, eval_sampled=True,
+                      temperature=0.8)
+    assert eng.temps == [0.0, 0.0, 0.8, 0.8]
+    assert m["eval_greedy_acc"] == m["eval_sampled_acc"] == 0.5 and not list(tmp_path.iterdir())  # no out_dir: no file
+
+
+def test_paired_ci():
+    # 20 problems: 6 gained, 1 lost, 13 unchanged -> +25 pts; sd of d over n-1
+    before = [False] * 6 + [True] + [True] * 5 + [False] * 8
+    after = [True] * 6 + [False] + [True] * 5 + [False] * 8
+    mean, lo, hi = ev.paired_ci(before, after)
+    d = [1.0] * 6 + [-1.0] + [0.0] * 13
+    sd = (sum((x - 0.25) ** 2 for x in d) / 19) ** 0.5
+    assert mean == pytest.approx(0.25) and hi - mean == pytest.approx(mean - lo) == pytest.approx(1.96 * sd / 20 ** 0.5)
+    assert ev.paired_ci([True] * 5, [True] * 5) == (0.0, 0.0, 0.0)
+
+
+def test_summary_lines_and_file(tmp_path):
+    """The run's closing lines, to the character: the held-out gain per kind with its paired CI, over the problems
+    evaluated at both ends, and the training reward's first and last thirds (a step repeated by --resume counts
+    once, with its last line). A kind evaluated at one end only has no line."""
+    before = [False] * 6 + [True] * 6 + [False] * 8
+    after = [True] * 6 + [False] + [True] * 5 + [False] * 8
+    write = lambda step, oks, kind, errs: (tmp_path / f"eval_step{step:06d}.jsonl").open("a").writelines(  # noqa: E731
+        json.dumps(dict(id=f"p{i}", ok=ok, calls=2, errors=e, eval=kind)) + "\n" for i, (ok, e) in enumerate(zip(oks, errs)))
+    write(0, before, "eval_greedy", [1] * 20)
+    write(0, before[:4], "eval_greedy_saar", [0] * 4)
+    write(6, after, "eval_greedy", [0] * 19 + [1])
+    write(6, after[:3], "eval_greedy_saar", [0] * 3)
+    write(6, after, "eval_sampled", [0] * 20)  # at the end only
+    rewards = {1: -0.5, 2: 9.0, 3: 0.25, 4: 0.0, 5: 0.125, 6: 0.5}
+    rows = [dict(step=0, eval_greedy_acc=0.3)] + [dict(step=s, reward=r) for s, r in rewards.items()] + \
+        [dict(step=2, reward=-0.25)]  # step 2 again, after a --resume
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    lines = ev.summary(str(tmp_path), 6)
+    assert lines == [
+        "held-out accuracy 0.30 -> 0.55 (+25 pts, 95% CI +1..+49, 20 problems, greedy); tool errors per call 0.50 -> 0.03",
+        "held-out accuracy 0.00 -> 1.00 (+100 pts, 95% CI +100..+100, 3 problems, greedy, test-time SAAR); tool errors "
+        "per call 0.00 -> 0.00",
+        "training reward, mean of the first 2 steps -0.375 -> of the last 2 +0.312"]
+    saved = json.loads((tmp_path / "summary.json").read_text())
+    assert saved["lines"] == lines and set(saved) == {"eval_greedy", "eval_greedy_saar", "train_reward", "lines"}
+    assert saved["eval_greedy"]["n"] == 20 and saved["train_reward"] == dict(first_third=-0.375, last_third=0.3125, steps=6)
+    assert ev.summary(str(tmp_path), 0) == [] and ev.summary(str(tmp_path), 5) == []  # nothing to compare
+
+
+def test_score_reads_both_test_time_saar_settings_and_refuses_a_duplicate(tmp_path):
+    """--saar both writes each sample twice, SAAR off and on: --score re-grades both tables; the same sample twice
+    in one setting is refused."""
+    good = {"benchmark": "aime24", "problem_id": "a", "sample_idx": 0, "response": r"\boxed{1}", "gold": "1",
+            "num_tool_calls": 0, "num_tool_errors": 0, "saar": False}
+    path = tmp_path / "both.jsonl"
+    write_jsonl(path, [good, dict(good, saar=True, response=r"\boxed{2}")])
+    s = ev.main(["--score", str(path)])
+    assert (s["aime24 saar=off"]["mean@n"], s["aime24 saar=on"]["mean@n"]) == (1.0, 0.0)
+    write_jsonl(path, [good, dict(good, response=r"\boxed{2}")])
+    with pytest.raises(SystemExit, match=r"both.jsonl:2: duplicate sample \('aime24', 'a', 0, False\)"):
+        ev.main(["--score", str(path)])

@@ -185,7 +185,8 @@ def test_tool_tokens_get_no_gradient_and_saar_splice_does():
         for i, (bad, fixed, answer, _, _) in enumerate(SCRIPTS):
             eng = ScriptedEngine(tok, [bad, fixed, answer])
             trajs += asyncio.run(asyncio.wait_for(rollout.rollout_batch(
-                eng, sb, tok, [prompt], seeds=[i], tool_format="hermes", saar_cfg=saar.SaarConfig(), saar_p=1.0), 60))
+                eng, sb, tok, [prompt], config.Rollout(tool_format="hermes", max_turns=16, max_response_tokens=20480,
+                                                       temperature=1.0), config.Saar(), seeds=[i]), 60))
             engines.append(eng)
 
     spliced_at, tool_at = [], []  # per trajectory: response positions of SAAR's splice / of the tool turn

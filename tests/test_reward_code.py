@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import config
 import reward
 from reward import extract_code_lcb, functional_cases, grade_code
 from sandbox import Sandbox
@@ -248,7 +249,7 @@ def test_graded_code_cannot_read_the_benchmark_files(sb):
     if d is None:
         pytest.skip("no folder here that an unhidden sandbox can read, so hiding cannot be shown")
     try:
-        args = ev.Args(lcb_dir=str(d), grade_workers=1)
+        args = config.Bench(lcb_dir=str(d), grade_workers=1)
         assert str(d) in ev.data_folders(args)
         with ev.judge_sandbox(args) as judge:  # the sandbox eval.py grades code in
             assert not grade_code(cheat_for(d / "answers.txt"), tests, sandbox=judge)
@@ -270,9 +271,10 @@ def test_eval_passes_the_lcb_grader_through(sb, monkeypatch):
                           prob, sb, 2.0, "official")
     assert rec["correct"] is True
     monkeypatch.setattr(ev, "evaluate", lambda args: args)
-    assert ev.main(["--faithful", "--benchmarks", "lcb"]).lcb_grader == "official"
-    with pytest.raises(SystemExit, match="--lcb-grader must be one of strict, official"):
+    assert ev.main(["--faithful", "--benchmarks", "lcb"]).bench.lcb_grader == "official"
+    with pytest.raises(SystemExit) as e:
         ev.main(["--lcb-grader", "nvidia", "--benchmarks", "lcb"])
+    assert e.value.code == 2
 
 
 def test_official_output_too_big_for_the_sandbox_is_a_grader_error(sb):

@@ -5,7 +5,9 @@ import json
 import pytest
 import torch
 
+import config
 import rollout
+import tools
 from data.models import load_model, load_tokenizer
 from data.problems import load_named
 from engine import HFEngine
@@ -30,8 +32,8 @@ def test_rollout_logprobs_match_a_fresh_forward_pass(name, fmt, sb):
     eng = HFEngine(model, tok, max_batch=8)
     problems = ["What is 2+2?", "Count primes below 100."]
     prompts = [rollout.prompt_ids(tok, p, "math", fmt) for p in problems]
-    trajs = asyncio.run(rollout.rollout_batch(eng, sb, tok, prompts, seeds=[1, 2], tool_format=fmt,
-                                              max_turns=3, max_response_tokens=32, temperature=1.0))
+    cfg = config.Rollout(tool_format=fmt, max_turns=3, max_response_tokens=32, temperature=1.0)
+    trajs = asyncio.run(rollout.rollout_batch(eng, sb, tok, prompts, cfg, seeds=[1, 2]))
     eng.shutdown()
     for tr, p in zip(trajs, prompts):
         assert tr.prompt_ids == p
@@ -52,9 +54,9 @@ def test_smollm2_rollout_on_real_problems_writes_jsonl(sb, shared_data, tmp_path
     probs = load_named("aime24", data_dir=shared_data, limit=2) + load_named("math_train", data_dir=shared_data,
                                                                              limit=1, on_error="skip")
     prompts = [rollout.prompt_ids(tok, p.problem, p.task, "markdown") for p in probs]
-    trajs = asyncio.run(rollout.rollout_batch(eng, sb, tok, prompts, seeds=list(range(len(prompts))),
-                                              metas=[{"id": p.id} for p in probs], tool_format="markdown",
-                                              max_turns=3, max_response_tokens=128, temperature=1.0))
+    cfg = config.Rollout(tool_format="markdown", max_turns=3, max_response_tokens=128, temperature=1.0)
+    trajs = asyncio.run(rollout.rollout_batch(eng, sb, tok, prompts, cfg, seeds=list(range(len(prompts))),
+                                              metas=[{"id": p.id} for p in probs]))
     eng.shutdown()
     path = tmp_path / "rollouts.jsonl"
     with open(path, "w") as f:
@@ -78,7 +80,7 @@ def test_prompt_template_file(tmp_path):
     path.write_text(json.dumps({"math": "Q: {problem}\n{tool}Put the answer in \\boxed{}.", "system": "Be brief."}))
     t = rollout.load_prompt_template(str(path))
     assert rollout.make_prompt(" 1+1? ", "math", "markdown", t) == \
-        "Q: 1+1?\n" + rollout.TOOL_SENTENCE["markdown"] + "Put the answer in \\boxed{}."
+        "Q: 1+1?\n" + tools.sentence("markdown") + "Put the answer in \\boxed{}."
     assert rollout.make_prompt("x", "code", "hermes", t) == rollout.make_prompt("x", "code", "hermes")  # ours
     text = tok.decode(rollout.prompt_ids(tok, "1+1?", "math", "hermes", templates=t))
     assert "Be brief." in text and "Q: 1+1?" in text
@@ -92,3 +94,11 @@ def test_prompt_template_file(tmp_path):
         rollout.load_prompt_template(str(path))
     with pytest.raises(FileNotFoundError, match="no such file"):
         rollout.load_prompt_template(str(tmp_path / "missing.json"))
+
+
+def test_resolve_tool_format_picks_hermes_for_a_one_token_tool_call():
+    """--tool-format auto: hermes for Qwen's tokenizer (<tool_call> is one token), markdown for the others."""
+    assert rollout.resolve_tool_format(load_tokenizer("tiny-qwen3"), "auto") == "hermes"
+    assert rollout.resolve_tool_format(load_tokenizer("smollm2-135m"), "auto") == "markdown"
+    assert rollout.resolve_tool_format(load_tokenizer("tiny-qwen3"), "markdown") == "markdown"
+    assert rollout.resolve_tool_format(load_tokenizer("smollm2-135m"), "none") == "none"

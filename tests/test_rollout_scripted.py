@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+import config
 import rollout
 import saar
 from data.models import load_tokenizer
@@ -35,11 +36,16 @@ def tool_ids(tok, text, ended=False):
     return ids(tok, rollout.tool_turn_text(text, "hermes", ended))
 
 
-def run(tok, sb, turns, **kw):
+# the paper's rollout: hermes calls, 16 turns, a 20480-token budget, temperature 1
+PAPER = config.Rollout(tool_format="hermes", max_turns=16, max_response_tokens=20480, temperature=1.0)
+
+
+def run(tok, sb, turns, saar=None, saar_p=1.0, **kw):
+    """One scripted trajectory; kw: fields of config.Rollout replacing PAPER's; saar: a config.Saar (SAAR on)."""
     eng = ScriptedEngine(tok, turns)
     prompt = rollout.prompt_ids(tok, "What is 6*7?", "math", "hermes")
-    kw.setdefault("tool_format", "hermes")
-    traj = asyncio.run(rollout.rollout_one(eng, sb, tok, prompt, seed=1, **kw))
+    traj = asyncio.run(rollout.rollout_one(eng, sb, tok, prompt, dataclasses.replace(PAPER, **kw), saar,
+                                           saar_p=saar_p, seed=1))
     return traj, eng, prompt
 
 
@@ -109,7 +115,7 @@ def test_length_cap(tok, sb):
 
 # --------------------------------------------------------------------------- SAAR
 
-SAAR = saar.SaarConfig()
+SAAR = config.Saar()
 
 
 def test_error_fix_success_is_purified(tok, sb):
@@ -117,7 +123,7 @@ def test_error_fix_success_is_purified(tok, sb):
     bad = call("print(sum(range(10))", reasoning)
     fixed = call("print(sum(range(10)))", "I forgot a parenthesis.\n")
     turns = [bad, fixed, "\\boxed{45}<|im_end|>"]
-    traj, eng, prompt = run(tok, sb, turns, saar_cfg=SAAR, saar_p=1.0)
+    traj, eng, prompt = run(tok, sb, turns, saar=SAAR)
     assert traj.saar and [e["kind"] for e in traj.saar_events] == ["shallow"]
     assert traj.saar_events[0]["error_kind"] == "syntax"
     # the regeneration saw the failed turn and the error
@@ -140,7 +146,7 @@ def test_error_fix_success_is_purified(tok, sb):
 def test_three_failures_give_up_and_keep_error(tok, sb):
     fails = [call(f"print(undefined_{i})") for i in range(4)]
     turns = fails + [call("print(also_undefined)"), "\\boxed{0}<|im_end|>"]
-    traj, eng, _ = run(tok, sb, turns, saar_cfg=SAAR, saar_p=1.0)
+    traj, eng, _ = run(tok, sb, turns, saar=SAAR)
     kinds = [e["kind"] for e in traj.saar_events]
     assert kinds == ["shallow", "shallow", "shallow", "given_up"]
     assert "NameError" in traj.text and "undefined_3" in traj.text
@@ -157,7 +163,7 @@ def test_three_failures_give_up_and_keep_error(tok, sb):
 
 def test_regenerated_answer_keeps_error_and_turns_saar_off(tok, sb):
     turns = [call("print(1/0)"), "I'll just answer: \\boxed{7}<|im_end|>"]
-    traj, _, _ = run(tok, sb, turns, saar_cfg=SAAR, saar_p=1.0)
+    traj, _, _ = run(tok, sb, turns, saar=SAAR)
     assert [e["kind"] for e in traj.saar_events] == ["answered"]
     assert "ZeroDivisionError" in traj.text and traj.text.endswith("\\boxed{7}<|im_end|>")
     assert traj.finish_reason == "answer"
@@ -167,7 +173,7 @@ def test_regenerated_answer_keeps_error_and_turns_saar_off(tok, sb):
 def test_rollback_p0_is_bit_identical_to_plain(tok, sb):
     turns = [call("print(1/0)"), call("print(1/1)"), "\\boxed{1}<|im_end|>"]
     plain, _, _ = run(tok, sb, list(turns))
-    off, _, _ = run(tok, sb, list(turns), saar_cfg=SAAR, saar_p=0.0)
+    off, _, _ = run(tok, sb, list(turns), saar=SAAR, saar_p=0.0)
     assert not off.saar and off.saar_events == []
     for f in ("response_ids", "loss_mask", "logprobs", "finish_reason", "turns", "text"):
         assert getattr(off, f) == getattr(plain, f), f
@@ -176,16 +182,16 @@ def test_rollback_p0_is_bit_identical_to_plain(tok, sb):
 def test_stateful_session_rollback_restores_state(tok, sb):
     turns = [call("x = 5\nprint(x)"), call("x = 100\nprint(1/0)"), call("print(x)", "Retry.\n"),
              "\\boxed{5}<|im_end|>"]
-    traj, _, _ = run(tok, sb, turns, saar_cfg=SAAR, saar_p=1.0, stateful=True)
+    traj, _, _ = run(tok, sb, turns, saar=SAAR, stateful=True)
     outputs = [t["output"] for t in traj.turns]
     assert outputs == ["5\n", "5\n"]  # the failed cell's assignment was rolled back with it
     assert "ZeroDivisionError" not in traj.text
 
 
 def test_importance_correction_token_mode(tok, sb):
-    cfg = saar.SaarConfig(is_mode="token", is_cap=2.0)
+    cfg = config.Saar(is_mode="token", is_cap=2.0)
     bad, fixed = call("print(sum(range(10))"), call("print(sum(range(10)))", "fix\n")
-    traj, _, _ = run(tok, sb, [bad, fixed, "\\boxed{45}<|im_end|>"], saar_cfg=cfg, saar_p=1.0)
+    traj, _, _ = run(tok, sb, [bad, fixed, "\\boxed{45}<|im_end|>"], saar=cfg)
     assert traj.is_weight is not None and len(traj.is_weight) == len(traj.response_ids)
     # the scripted score equals the sampled log-prob, so every weight is exactly 1
     assert set(traj.is_weight) == {1.0}
@@ -194,10 +200,10 @@ def test_importance_correction_token_mode(tok, sb):
 def test_gated_retries_stay_within_the_response_budget(tok, sb):
     # The gate keeps each error and lets the regenerated turn follow it. When that turn fails too,
     # its retry must be capped by what is left after everything already in the sequence.
-    cfg = saar.SaarConfig(is_mode="gate", is_gate=2.0)  # the scripted ratio is 1: always gated
+    cfg = config.Saar(is_mode="gate", is_gate=2.0)  # the scripted ratio is 1: always gated
     bad = call("print(undefined_a)")
     long_answer = "word " * 400 + "\\boxed{42}<|im_end|>"
-    traj, eng, prompt = run(tok, sb, [bad, bad, long_answer], saar_cfg=cfg, saar_p=1.0, max_response_tokens=200)
+    traj, eng, prompt = run(tok, sb, [bad, bad, long_answer], saar=cfg, max_response_tokens=200)
     assert [e["kind"] for e in traj.saar_events] == ["gated", "answered"]
     assert len(traj.response_ids) <= 200 and traj.truncated
     for inp, out in zip(eng.inputs, eng.outputs):
@@ -205,16 +211,16 @@ def test_gated_retries_stay_within_the_response_budget(tok, sb):
 
 
 def test_importance_correction_refuses_a_temperature_it_cannot_match(tok, sb):
-    cfg = saar.SaarConfig(is_mode="token")
+    cfg = config.Saar(is_mode="token")
     with pytest.raises(ValueError, match="needs temperature 1.0, got 0.7"):
-        run(tok, sb, [call("print(1)")], saar_cfg=cfg, saar_p=1.0, temperature=0.7)
+        run(tok, sb, [call("print(1)")], saar=cfg, temperature=0.7)
 
 
 @pytest.mark.parametrize("echo,shown", [(False, "[no output]"), (True, "42\n")])
 def test_tool_echo_shows_a_final_expression(tok, sb, echo, shown):
     """--tool-echo: a stateless call ending in a bare expression shows its value (the official tool's wrapper)."""
     turns = [call("x = 6 * 7\nx"), "So \\boxed{42}.<|im_end|>"]
-    traj, _, _ = run(tok, sb, turns, echo=echo)
+    traj, _, _ = run(tok, sb, turns, tool_echo=echo)
     assert traj.turns[0]["ok"] and traj.turns[0]["output"] == shown
 
 
@@ -234,7 +240,7 @@ def test_tool_call_cap_that_only_stops_saar(tok, sb):
     """--no-tool-cap-ends (the official code): past the cap the trajectory goes on and calls still run, but a
     failed call is no longer purified."""
     turns = [call("print(1)"), call("print(2)"), call("print(undefined_b)"), call("print(4)"), "\\boxed{4}<|im_end|>"]
-    traj, _, _ = run(tok, sb, turns, max_tool_calls=2, cap_ends=False, saar_cfg=SAAR, saar_p=1.0)
+    traj, _, _ = run(tok, sb, turns, max_tool_calls=2, tool_cap_ends=False, saar=SAAR)
     assert traj.finish_reason == "answer" and traj.num_tool_calls == 4
     assert [t["ok"] for t in traj.turns] == [True, True, False, True]  # the failure stays in the sequence
     assert [e["kind"] for e in traj.saar_events] == ["given_up"] and traj.saar_events[0]["retry"] == 0
@@ -245,7 +251,7 @@ def test_saar_never_appends_an_error_past_the_response_budget(tok, sb):
     response stays within max_response_tokens (it once came out 57 tokens long on a budget of 34)."""
     bad = call("print(undefined_c)")
     budget = len(ids(tok, bad)) + 4  # the error turn alone is longer than what is left
-    traj, eng, prompt = run(tok, sb, [bad, "\\boxed{1}<|im_end|>"], saar_cfg=SAAR, saar_p=1.0,
+    traj, eng, prompt = run(tok, sb, [bad, "\\boxed{1}<|im_end|>"], saar=SAAR,
                             max_response_tokens=budget)
     assert len(traj.response_ids) <= budget and traj.finish_reason == "length" and traj.truncated
     assert [(e["kind"], e.get("reason")) for e in traj.saar_events] == [("given_up", "budget")]
@@ -264,8 +270,7 @@ def test_the_give_up_note_counts_the_retries(tok, sb, max_retries, n):
     """The note's count is the turn's regenerations (the official retry count, no +1); after fewer than 2 there
     is no note, as in the official code."""
     fails = [call(f"print(undefined_{i})") for i in range(max_retries + 1)]
-    traj, _, _ = run(tok, sb, fails + ["\\boxed{0}<|im_end|>"], saar_cfg=saar.SaarConfig(max_retries=max_retries),
-                     saar_p=1.0)
+    traj, _, _ = run(tok, sb, fails + ["\\boxed{0}<|im_end|>"], saar=config.Saar(max_retries=max_retries))
     assert [e["kind"] for e in traj.saar_events][-1] == "given_up" and traj.saar_events[-1]["retry"] == max_retries
     if n is None:
         assert "Note:" not in traj.text
@@ -295,7 +300,7 @@ def test_tool_header_is_the_official_layout(tok, sb):
 def test_tool_header_on_a_malformed_call_and_in_saar_feedback(tok, sb):
     bad = "Let me compute.\n<tool_call>\n{\"name\": \"shell\", \"arguments\": {\"code\": \"ls\"}}\n</tool_call>"
     traj, eng, _ = run(tok, sb, [bad, call("print(1)"), "\\boxed{1}<|im_end|>"], tool_header=True,
-                       saar_cfg=SAAR, saar_p=1.0)
+                       saar=SAAR)
     # the regeneration saw the headed error; the purified trajectory keeps only the headed success
     assert ("<tool_response>\nTool call failure\nreason: \nstderr: malformed tool call: unknown tool 'shell'"
             in tok.decode(eng.inputs[1]))
@@ -310,7 +315,7 @@ def test_rollout_and_grade_samples_each_problem_n_times_then_grades(tok, sb):
              Problem(id="b", problem="What is 2+3?", answer="5", task="math")]
     eng = ScriptedEngine(tok, ["\\boxed{42}<|im_end|>", "\\boxed{41}<|im_end|>", "\\boxed{5}<|im_end|>",
                                "\\boxed{5}<|im_end|>"])
-    cfg = rollout.RolloutConfig(tool_format="hermes")
+    cfg = PAPER
     times = {"rollout": 1.0}
     trajs, grades = asyncio.run(rollout.rollout_and_grade(
         eng, sb, tok, probs, cfg, grade=lambda p, t: (p.id, f"\\boxed{{{p.answer}}}" in t.final_text(tok)), n=2,
@@ -324,46 +329,3 @@ def test_rollout_and_grade_samples_each_problem_n_times_then_grades(tok, sb):
     _, threaded = asyncio.run(rollout.rollout_and_grade(eng, sb, tok, probs, cfg, grade=lambda p, t: p.id,
                                                         seeds=[1, 2], grade_workers=2))
     assert threaded == ["a", "b"]  # graded in threads, kept in order
-
-
-def test_tool_text_words_the_sandboxs_facts():
-    """Every string the model reads from a tool comes from rollout.tool_text, built from the sandbox's facts
-    (sandbox.ExecResult): here from hand-made results of each kind, in both error formats."""
-    from sandbox import STATE_LOSSES, ExecResult, Frame
-    limits = dict(timeout_s=2.0, memory_mb=512, flood_bytes=4_000_000)
-    exc = ExecResult(ok=False, error_kind="exception", stdout="hi", stderr="warn\n", exception_type="NameError",
-                     exception_text="NameError: name 'y' is not defined",
-                     frames=[Frame("<cell>", 3, "<module>", "f()"), Frame("<cell>", 2, "f", "return y", 2)], **limits)
-    assert rollout.tool_text(exc) == (
-        "hi\nwarn\nTraceback (most recent call last):\n  File \"<cell>\", line 3, in <module>\n    f()\n"
-        "  File \"<cell>\", line 2, in f\n    return y\n  [Previous line repeated 2 more times]\n"
-        "NameError: name 'y' is not defined")
-    assert rollout.tool_text(exc, "last_line") == "hi\nwarn\nNameError: name 'y' is not defined"
-    assert rollout.tool_text(exc, header=True).startswith("Tool call failure\nreason: \nstdout: hi\nstderr: warn\n")
-    # long tracebacks keep 7 + 9 lines (a frame the sandbox left out counts as two), long exceptions 1000 + 1000 chars
-    deep = ExecResult(ok=False, error_kind="exception", stdout="", stderr="", exception_type="E",
-                      exception_text="E: " + "x" * 2997, frames=[Frame("<cell>", i, "f", f"g({i})") for i in range(10)],
-                      frames_omitted=5, **limits)
-    lines = rollout.tool_text(deep).splitlines()
-    assert lines[7] == "  ... (15 lines omitted)" and len(lines) == 18 and lines[-2] == "    g(9)"
-    assert lines[-1] == "E: " + "x" * 997 + " ... [1000 chars cut] ... " + "x" * 1000
-    one_line = {  # kind and facts -> the error, one line in both formats
-        ("timeout", ()): "TimeoutError: the code ran longer than the 2 s time limit and was stopped",
-        ("memory", (("message", ""), ("line", 4))): "MemoryError: out of memory at line 4 (the memory limit is 512 MB)",
-        ("output_limit", ()): "OutputLimitError: the code printed more than 4,000,000 bytes and was stopped",
-        ("crash", (("signal", 11),)): "Crash: the process was killed by signal SIGSEGV (segmentation fault)",
-        ("crash", (("exit_status", 5),)): "Crash: the process exited with status 5 before the code finished",
-        ("crash", (("sandbox_killed", True),)): "Crash: the code killed the sandbox process running it",
-        ("crash", ()): "Crash: the process died before the code finished",
-        ("sandbox_internal", (("detail", "OSError: x"),)): "SandboxError: the sandbox itself failed, not the code "
-                                                           "(OSError: x)",
-    }
-    for (kind, facts), text in one_line.items():
-        r = ExecResult(ok=False, error_kind=kind, stdout="out\n", stderr="", **limits, **dict(facts))
-        assert rollout.tool_text(r) == rollout.tool_text(r, "last_line") == "out\n" + text
-    ok = ExecResult(ok=True, error_kind="none", stdout="", stderr="", state_lost="restarted", **limits)
-    assert rollout.tool_text(ok) == f"[{rollout.STATE_LOST['restarted']}]"
-    assert rollout.tool_text(dataclasses.replace(ok, state_lost="")) == rollout.NO_OUTPUT
-    assert set(rollout.STATE_LOST) == set(STATE_LOSSES)  # every way a state is lost has its words
-    assert rollout.tool_text("malformed tool call: no code in arguments", header=True) == \
-        "Tool call failure\nreason: \nstderr: malformed tool call: no code in arguments"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from rollout import NO_OUTPUT, tool_text  # noqa: E402  (what the model reads of a result)
+from tools import NO_OUTPUT, tool_text  # noqa: E402  (what the model reads of a result)
 from sandbox import ERROR_KINDS, FRAME_LINES_MAX, MAX_FRAMES, TEXT_MAX, ExecResult, Sandbox  # noqa: E402
 
 SECRET = "cleaner-test-secret-7f3a9c"

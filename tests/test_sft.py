@@ -4,12 +4,12 @@ import json
 from pathlib import Path
 
 import pytest
-import tyro
+import config
 import torch
 
 import rollout
+import tools
 import sft
-import train
 from data import synth
 from data.models import load_model, load_tokenizer
 from fakes import ScriptedEngine
@@ -51,7 +51,7 @@ def test_layout_is_the_rollouts_token_for_token(name, fmt, sb):
         ids, mask = sft.encode_conversation(tok, conv["messages"], tool_format=fmt)
         # built by hand from rollout.py's pieces: the model's call turn stops at the stop marker
         turn = conv["messages"][1]["content"] + ("\n" if fmt == "markdown" else "")
-        stdout = rollout.tool_text(sb.run(rollout.parse_call(turn, fmt).code))  # what the model reads, e.g. "350\n"
+        stdout = tools.tool_text(sb.run(rollout.parse_call(turn, fmt).code))  # what the model reads, e.g. "350\n"
         final = conv["messages"][3]["content"]
         enc = lambda s: tok.encode(s, add_special_tokens=False)  # noqa: E731
         prompt = rollout.prompt_ids(tok, prob.problem, "math", fmt)
@@ -69,7 +69,7 @@ def test_layout_is_the_rollouts_token_for_token(name, fmt, sb):
         # a real rollout whose model samples exactly the masked tokens builds the same sequence and mask
         model_turns = [tok.decode(t) for m, t in segments(ids, mask) if m == 1]
         eng = ScriptedEngine(tok, model_turns)
-        traj = asyncio.run(rollout.rollout_one(eng, sb, tok, prompt, tool_format=fmt, seed=0))
+        traj = asyncio.run(rollout.rollout_one(eng, sb, tok, prompt, config.Rollout(tool_format=fmt, max_turns=16, max_response_tokens=20480, temperature=1.0), seed=0))
         assert eng.outputs == [t for m, t in segments(ids, mask) if m == 1]
         assert traj.finish_reason == "answer" and traj.num_tool_calls == 1 and traj.turns[0]["ok"]
         assert traj.prompt_ids + traj.response_ids == ids
@@ -90,7 +90,7 @@ def test_fix_conversations_read_the_real_error_then_call_again(fmt, sb):
         ids, mask = sft.encode_conversation(tok, conv["messages"], tool_format=fmt)
         prompt = rollout.prompt_ids(tok, prob.problem, "math", fmt)
         eng = ScriptedEngine(tok, [tok.decode(t) for m, t in segments(ids, mask) if m == 1])
-        traj = asyncio.run(rollout.rollout_one(eng, sb, tok, prompt, tool_format=fmt, seed=0))
+        traj = asyncio.run(rollout.rollout_one(eng, sb, tok, prompt, config.Rollout(tool_format=fmt, max_turns=16, max_response_tokens=20480, temperature=1.0), seed=0))
         assert traj.prompt_ids + traj.response_ids == ids and [0] * len(prompt) + traj.loss_mask == mask
         assert [t["ok"] for t in traj.turns] == [False, True] and traj.finish_reason == "answer"
         assert traj.turns[1]["output"].strip() == prob.answer
@@ -122,7 +122,7 @@ def test_openai_messages_with_tool_calls(tmp_path):
         ids, mask = sft.encode_conversation(tok, rows[0][1], tool_format=fmt)
         segs = segments(ids, mask)
         assert [m for m, _ in segs] == [0, 1, 0, 1]
-        head = tok.apply_chat_template(row["messages"][:2], tools=[rollout.TOOL_SCHEMA] if fmt == "hermes" else None,
+        head = tok.apply_chat_template(row["messages"][:2], tools=tools.schemas() if fmt == "hermes" else None,
                                        add_generation_prompt=True, tokenize=True, return_dict=False)
         assert segs[0][1] == list(head)
         call = tok.decode(segs[1][1])
@@ -226,17 +226,20 @@ def test_warm_start_trains_once_saves_a_loadable_model_and_reuses_it(tmp_path):
 
 
 def test_parse_args_from_the_dataclass():
-    a = tyro.cli(sft.Args, args=["--epochs", "3", "--no-eval_base", "--tool-format", "hermes", "--lr", "1e-5"])
-    assert (a.epochs, a.eval_base, a.tool_format, a.lr, a.model) == (3, False, "hermes", 1e-5, "smollm2-135m")
-    # every field has its help line: the string literal under it, which tyro shows with --help
+    a = config.cli(sft.Args, "", ["--epochs", "3", "--no-eval-base", "--tool-format", "hermes", "--lr", "1e-5"])
+    assert (a.sft.epochs, a.sft.eval_base, a.sft.tool_format, a.sft.lr, a.common.model) == \
+        (3, False, "hermes", 1e-5, "smollm2-135m")
+    # every setting has its help line: the string literal under it, which tyro shows with --help
     import ast
+    import dataclasses
     import inspect
-    import textwrap
-    for mod in (sft, train):
-        body = ast.parse(textwrap.dedent(inspect.getsource(mod.Args))).body[0].body
+    sections = [c for c in vars(config).values() if dataclasses.is_dataclass(c) and c.__module__ == "config"]
+    for cls in sections:
+        body = ast.parse(inspect.getsource(cls)).body[0].body
         docs = {a.target.id for a, b in zip(body, body[1:]) if isinstance(a, ast.AnnAssign) and
                 isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant) and b.value.value.strip()}
-        assert docs == set(mod.Args.__dataclass_fields__), set(mod.Args.__dataclass_fields__) - docs
+        if cls not in (config.Train, config.Eval, config.SftArgs):  # the composites hold sections, not settings
+            assert docs == set(cls.__dataclass_fields__), (cls.__name__, set(cls.__dataclass_fields__) - docs)
 
 
 @pytest.mark.parametrize("fmt", ["markdown", "hermes"])
@@ -244,7 +247,7 @@ def test_eval_rolls_out_and_counts_calls_and_answers(fmt):
     tok = tokenizer("tiny-qwen3")
     answer = synth.make_problems(1, 7 + sft.EVAL_SEED_OFFSET, difficulty="warmup")[0].answer
     call = (f"```python\nprint({answer})\n```" if fmt == "markdown" else
-            '<tool_call>\n' + json.dumps({"name": rollout.TOOL_NAME, "arguments": {"code": f"print({answer})"}}) + '\n</tool_call>')
+            '<tool_call>\n' + json.dumps({"name": tools.PythonTool.name, "arguments": {"code": f"print({answer})"}}) + '\n</tool_call>')
     good = ScriptedEngine(tok, [f"Compute it.\n{call}", f"So \\boxed{{{answer}}}.<|im_end|>"])
     r = sft.evaluate(good, tok, tool_format=fmt, n=1, seed=7)
     assert (r["n"], r["blocks"], r["right"], r["final"]) == (1, 1, 1, 1), r

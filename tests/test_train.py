@@ -9,17 +9,24 @@ import time
 from pathlib import Path
 
 import pytest
-import tyro
 import torch
 from safetensors.torch import load_file
 
+import config
+import reward
 import train
+from data import problems
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--model", "tiny-qwen3", "--no-warm-start", "--tool-format", "hermes", "--prompts-per-step", "2",
          "--samples-per-prompt", "2", "--mini-batch-prompts", "1", "--max-response-tokens", "24",
          "--overlong-buffer", "8", "--eval-size", "0", "--dump-rollouts", "2", "--deterministic", "--lr", "1e-3",
          "--sandbox-slots", "1", "--seed", "3", "--no-eval-cache"]
+
+
+def parse(*argv) -> config.Train:
+    """train.py's command line, as its __main__ parses it (flat flags, --faithful applied)."""
+    return config.cli(train.Args, "", list(argv))
 
 
 def start(out: Path, run: str, *extra):
@@ -34,11 +41,11 @@ def metrics(folder: Path) -> dict:
 
 
 def test_overlong_penalty_ramp():
-    assert train.overlong_penalty(100, 200, 50, 1.0) == 0.0
-    assert train.overlong_penalty(150, 200, 50, 1.0) == 0.0
-    assert train.overlong_penalty(175, 200, 50, 1.0) == pytest.approx(-0.5)
-    assert train.overlong_penalty(200, 200, 50, 1.0) == pytest.approx(-1.0)
-    assert train.overlong_penalty(200, 200, 0, 1.0) == 0.0
+    assert reward.overlong_penalty(100, 200, 50, 1.0) == 0.0
+    assert reward.overlong_penalty(150, 200, 50, 1.0) == 0.0
+    assert reward.overlong_penalty(175, 200, 50, 1.0) == pytest.approx(-0.5)
+    assert reward.overlong_penalty(200, 200, 50, 1.0) == pytest.approx(-1.0)
+    assert reward.overlong_penalty(200, 200, 0, 1.0) == 0.0
 
 
 def test_kill_mid_step_then_resume_is_bit_identical(tmp_path):
@@ -83,14 +90,14 @@ def poison_updates(monkeypatch, bad) -> list:
     import grpo
     real, calls = grpo.update, []
 
-    def poisoned(model, optimizer, scheduler, batch, **kw):
+    def poisoned(model, optimizer, scheduler, batch, cfg, **kw):
         calls.append(len(batch))
         if bad(len(calls)):
             for t in batch[::kw["mini_batch_size"]]:
                 vals = list(t.old_logp) if t.old_logp is not None else [0.0] * len(t.input_ids)
                 vals[t.loss_mask.index(1)] = float("nan")
                 t.old_logp = vals
-        return real(model, optimizer, scheduler, batch, **kw)
+        return real(model, optimizer, scheduler, batch, cfg, **kw)
 
     monkeypatch.setattr(grpo, "update", poisoned)
     return calls
@@ -101,7 +108,7 @@ def test_a_nonfinite_update_keeps_the_weights_saves_and_stops(tmp_path, monkeypa
     # train.py must save what it has (weights untouched by the bad update), name it, and stop.
     calls = poison_updates(monkeypatch, lambda n: n == 2)
     monkeypatch.chdir(ROOT)
-    args = tyro.cli(train.Args, args=SMALL + ["--out-dir", str(tmp_path), "--run-name", "nan", "--steps", "3"])
+    args = parse(*SMALL + ["--out-dir", str(tmp_path), "--run-name", "nan", "--steps", "3"])
     with pytest.raises(SystemExit, match=r"(?s)step 2: non-finite loss in mini-batch 0 .*ckpt-nonfinite-step2\.pt"):
         train.main(args)
     run = tmp_path / "nan"
@@ -111,20 +118,37 @@ def test_a_nonfinite_update_keeps_the_weights_saves_and_stops(tmp_path, monkeypa
         assert torch.equal(v, saved["model"][k]), k  # the refused update did not touch a weight
     assert sorted(metrics(run)) == [1]  # step 1 was logged; nothing of the failed step
     # the run resumes from its last good checkpoint (the batch is clean this time)
-    resumed = tyro.cli(train.Args, args=SMALL + ["--out-dir", str(tmp_path), "--run-name", "nan", "--steps", "2", "--resume"])
+    resumed = parse(*SMALL + ["--out-dir", str(tmp_path), "--run-name", "nan", "--steps", "2", "--resume"])
     train.main(resumed)
     assert sorted(metrics(run)) == [1, 2] and len(calls) == 3
 
 
 @pytest.mark.parametrize("script", ["train", "sft", "eval"])
-def test_every_entry_script_prints_its_help(script, capsys):
-    import importlib
-    mod = importlib.import_module(script)
-    with pytest.raises(SystemExit) as e:
-        tyro.cli(mod.Args, args=["--help"])
-    assert e.value.code == 0
-    out = capsys.readouterr().out
-    assert "--seed" in out and "--help" in out
+def test_every_entry_script_prints_its_help(script):
+    """Each script's --help lists each setting once, flat (no section prefixes), grouped by section."""
+    run = subprocess.run([sys.executable, f"{script}.py", "--help"], cwd=ROOT, capture_output=True, text=True,
+                         env={**os.environ, "COLUMNS": "100"}, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    flags = re.findall(r"^│ (--[a-z0-9-]+)", run.stdout, re.M)  # one column: each flag opens its line
+    assert "--seed" in flags and "--help" in run.stdout and not any("." in f for f in flags)
+    assert len(flags) == len(set(flags)), sorted(f for f in flags if flags.count(f) > 1)
+
+
+def test_every_setting_is_declared_once():
+    """No flag name is declared in two sections of config.py (so no two entry scripts declare one setting)."""
+    import dataclasses
+    names = [f.name for cls in (config.Common, config.Run, config.Data, config.Rollout, config.Saar, config.Grpo,
+                                config.Engine, config.Sandbox, config.Bench) for f in dataclasses.fields(cls)]
+    dup = sorted({n for n in names if names.count(n) > 1} - {"saar"})  # Grpo.saar (on/off) vs Bench.saar (eval mode)
+    assert not dup, dup
+
+
+def test_bad_choices_get_tyros_error(capsys):
+    for argv in (["--agg", "bogus"], ["--is-mode", "tokens"], ["--eval-saar", "maybe"], ["--lora-rank", "-1"]):
+        with pytest.raises(SystemExit) as e:
+            parse(*argv)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and argv[0] in err, (argv, err[-500:])
 
 
 def test_synth_problem_specs():
@@ -140,81 +164,29 @@ def test_stratified_order_takes_the_kinds_in_turn():
     probs = train.load_problems("synth-medium:primes,digit_sum,coprime", seed=0, n=300)
     kinds = [p.meta["kind"] for p in probs]
     order = np.random.default_rng(0).permutation(len(probs)).tolist()
-    strat = train.stratified(order, kinds)
+    strat = problems.stratified(order, kinds)
     assert sorted(strat) == list(range(300))
     assert all(len({kinds[i] for i in strat[j:j + 3]}) == 3 for j in range(0, 298))
     for k in set(kinds):  # within a kind, the permutation's order
         assert [i for i in strat if kinds[i] == k] == [i for i in order if kinds[i] == k]
     assert sum(len({kinds[i] for i in order[j:j + 3]}) < 3 for j in range(298)) > 100  # the control: shuffled
     # unequal strata: the short one runs out, the others go on in turn
-    assert train.stratified([0, 1, 2, 3, 4, 5], ["a", "a", "a", "a", "b", "c"]) == [0, 4, 5, 1, 2, 3]
+    assert problems.stratified([0, 1, 2, 3, 4, 5], ["a", "a", "a", "a", "b", "c"]) == [0, 4, 5, 1, 2, 3]
 
 
 def test_train_size_revisits_the_pool(tmp_path):
     """--train-size 2 with 2 prompts a step: step 2 trains on step 1's two problems again, the first two of the
     seeded order (without the flag, step 2 would take the next two). A pool larger than the set: the long-prompt test."""
     import numpy as np
-    run = lambda name, *extra: train.main(tyro.cli(train.Args, args=SMALL + [
+    run = lambda name, *extra: train.main(parse(*SMALL + [
         "--out-dir", str(tmp_path), "--run-name", name, "--steps", "2", "--dump-rollouts", "4", *extra]))
     run("pool", "--train-size", "2")
     ids = [{json.loads(x)["meta"]["problem_id"] for x in (tmp_path / "pool" / "rollouts" / f"step_{s:06d}.jsonl")
             .read_text().splitlines()} for s in (1, 2)]
-    probs = train.load_problems(train.Args.train_data, seed=3, n=None)
+    probs = train.load_problems(config.Data.train_data, seed=3, n=None)
     order = np.random.default_rng(3).permutation(len(probs)).tolist()
     assert ids[0] == ids[1] == {probs[i].id for i in order[:2]}
     assert ids[1] != {probs[i].id for i in order[2:4]}  # the control: the next two, which a whole-set run takes
-
-
-def test_step0_eval_is_cached_by_weights_eval_settings_and_code(tmp_path, monkeypatch):
-    """A second run of the same weights and eval settings takes the first run's step-0 evaluation (identical
-    records, no rollout), whatever its training flags; other weights or eval settings get another key."""
-    import dataclasses
-    import shutil
-    monkeypatch.setattr(train, "_eval_cache_root", lambda: tmp_path / "cache")
-    calls = []
-    real = train._evaluate
-    monkeypatch.setattr(train, "_evaluate", lambda *a, **k: calls.append(k["step"]) or real(*a, **k))
-    base = [a for a in SMALL if a != "--no-eval-cache"] + ["--out-dir", str(tmp_path), "--steps", "1", "--eval-size", "3"]
-    train.main(tyro.cli(train.Args, args=base + ["--run-name", "a"]))
-    assert calls == [0, 1] and len(list((tmp_path / "cache").iterdir())) == 1
-    train.main(tyro.cli(train.Args, args=base + ["--run-name", "b", "--lr", "1e-4", "--data-order", "shuffle"]))
-    assert calls == [0, 1, 1]  # step 0 from the cache
-    rows = [(tmp_path / r / "eval_step000000.jsonl").read_text() for r in ("a", "b")]
-    assert rows[0] == rows[1] and len(rows[0].splitlines()) == 3
-    assert metrics(tmp_path / "b")[0]["eval_cached"] == 1 and "eval_cached" not in metrics(tmp_path / "a")[0]
-    entry = next((tmp_path / "cache").iterdir())
-    (entry / "metrics.json").write_text("{not json")  # a damaged entry is evaluated again, with a message
-    assert train._cached_eval(entry.name, str(tmp_path / "b")) is None
-    args = tyro.cli(train.Args, args=base)
-    key = train._eval_cache_key(args, "tiny-qwen3")
-    assert key == train._eval_cache_key(dataclasses.replace(args, lr=0.5, saar=False), "tiny-qwen3")
-    for change in (dict(max_turns=2), dict(eval_saar="both"), dict(seed=4), dict(temperature=0.9)):
-        assert train._eval_cache_key(dataclasses.replace(args, **change), "tiny-qwen3") != key, change
-    from data import models
-    from safetensors.torch import load_file, save_file
-    other = shutil.copytree(models.resolve("tiny-qwen3"), tmp_path / "other")
-    w = load_file(other / "model.safetensors")
-    name = next(iter(w))
-    w[name] = w[name] + 1e-3
-    assert train._eval_cache_key(args, str(other)) == key  # a copy of the same files: the same key
-    import sft
-    (other / sft.MARKER).write_text('{"train_s": 180.0, "pid": 1}')  # a rebuild's record: its time and pid differ
-    assert train._eval_cache_key(args, str(other)) == key
-    (other / "chat_template.jinja").write_text((other / "chat_template.jinja").read_text() + " ")
-    changed_template = train._eval_cache_key(args, str(other))
-    save_file(w, other / "model.safetensors", metadata={"format": "pt"})
-    assert len({key, changed_template, train._eval_cache_key(args, str(other))}) == 3
-
-
-def test_paired_ci():
-    # 20 problems: 6 gained, 1 lost, 13 unchanged -> +25 pts; sd of d over n-1
-    before = [False] * 6 + [True] + [True] * 5 + [False] * 8
-    after = [True] * 6 + [False] + [True] * 5 + [False] * 8
-    mean, lo, hi = train.paired_ci(before, after)
-    d = [1.0] * 6 + [-1.0] + [0.0] * 13
-    sd = (sum((x - 0.25) ** 2 for x in d) / 19) ** 0.5
-    assert mean == pytest.approx(0.25) and hi - mean == pytest.approx(mean - lo) == pytest.approx(1.96 * sd / 20 ** 0.5)
-    assert train.paired_ci([True] * 5, [True] * 5) == (0.0, 0.0, 0.0)
 
 
 def test_held_out_eval_before_and_after_with_summary(tmp_path):
@@ -235,11 +207,11 @@ def test_held_out_eval_before_and_after_with_summary(tmp_path):
     assert summary["lines"][0] in run.stdout
     m = metrics(folder)
     assert "eval_greedy_acc" in m[0] and "eval_greedy_saar_acc" in m[1] and "first_tool_err" in m[1]
-    # the step's wall time holds its phases and its evaluation; the CPU steal is a share of the machine's time
+    # the step's wall time holds its phases and its evaluation
     phases = sum(m[1][f"t_{k}"] for k in ("rollout", "reward", "old_logp", "update", "sync", "eval"))
-    assert phases <= m[1]["t_wall"] < phases + 30 and 0 <= m[1]["cpu_steal"] <= 1
-    assert re.search(r"^step +1 \|.* sync [0-9.]+s steal \d+% \|", run.stdout, re.M), run.stdout[-2000:]
-    assert re.search(r"^done: \S+ in \d+ s \(CPU steal \d+%\)$", run.stdout, re.M), run.stdout[-2000:]
+    assert phases <= m[1]["t_wall"] < phases + 30
+    assert re.search(r"^step +1 \|.* sync [0-9.]+s \|", run.stdout, re.M), run.stdout[-2000:]
+    assert re.search(r"^done: \S+ in \d+ s$", run.stdout, re.M), run.stdout[-2000:]
 
 
 def test_eval_only_adds_test_time_saar_to_a_finished_run(tmp_path):
@@ -275,7 +247,7 @@ def test_eval_only_adds_test_time_saar_to_a_finished_run(tmp_path):
 
 
 def test_eval_only_names_a_missing_run(tmp_path):
-    args = tyro.cli(train.Args, args=["--out-dir", str(tmp_path), "--run-name", "nope", "--eval-only"])
+    args = parse(*["--out-dir", str(tmp_path), "--run-name", "nope", "--eval-only"])
     with pytest.raises(SystemExit, match="no run at .*nope"):
         train.main(args)
 
@@ -334,7 +306,8 @@ def test_faithful_sets_every_official_choice_and_runs(tmp_path):
                          timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     args = json.loads((tmp_path / "f" / "run.json").read_text())["args"]
-    assert {k: args[k] for k in train.FAITHFUL} == train.FAITHFUL
+    official = {k: v for k, v in config.FAITHFUL.items() if k in config.flat(config.Train())}
+    assert {k: args[k] for k in official} == official
     assert metrics(tmp_path / "f")[1]["lr"] == 0.0  # veRL's warmup: the first step's lr is 0
 
 
@@ -343,7 +316,7 @@ def test_nonfinite_minibatches_are_skipped_up_to_k_in_a_row(tmp_path, monkeypatc
     are skipped (2 in a row), step 3's make 4 > K=3, so the run saves and stops, the weights never touched."""
     poison_updates(monkeypatch, lambda n: n >= 2)
     monkeypatch.chdir(ROOT)
-    args = tyro.cli(train.Args, args=SMALL + ["--out-dir", str(tmp_path), "--run-name", "skip", "--steps", "4",
+    args = parse(*SMALL + ["--out-dir", str(tmp_path), "--run-name", "skip", "--steps", "4",
                                                  "--max-nonfinite-skips", "3"])
     with pytest.raises(SystemExit, match=r"step 3: 4 non-finite mini-batches in a row, more than --max-nonfinite-skips 3"):
         train.main(args)
@@ -360,7 +333,7 @@ def test_lora_run_saves_a_plain_model_with_the_adapters_merged(tmp_path, monkeyp
     import grpo
     from data import models
     monkeypatch.chdir(ROOT)
-    args = tyro.cli(train.Args, args=SMALL + ["--out-dir", str(tmp_path), "--run-name", "lora", "--steps", "2",
+    args = parse(*SMALL + ["--out-dir", str(tmp_path), "--run-name", "lora", "--steps", "2",
                                               "--lora-rank", "4", "--lora-alpha", "8", "--train-layers", "1"])
     train.main(args)
     ckpt = torch.load(tmp_path / "lora" / "ckpt.pt", weights_only=False)["model"]
@@ -375,5 +348,4 @@ def test_lora_run_saves_a_plain_model_with_the_adapters_merged(tmp_path, monkeyp
     merged = grpo.merge_lora(ckpt, 8.0 / 4)
     for k, v in saved.items():
         torch.testing.assert_close(v, merged[k])
-    with pytest.raises(SystemExit, match="--lora-rank must be >= 0"):
-        train.main(tyro.cli(train.Args, args=SMALL + ["--out-dir", str(tmp_path), "--lora-rank", "-1"]))
+

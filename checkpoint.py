@@ -1,0 +1,116 @@
+"""checkpoint.py: the run folder, so that a run is reproducible from it and --resume continues it exactly.
+
+run.json (every setting by its flag's name, the commit, argv, the Python version), git.diff, packages.txt;
+ckpt.pt (model, optimizer, scheduler, loss scaler, step, data position, every RNG state), written to a temp
+file and renamed, so that a kill mid-save leaves the previous checkpoint whole; hf/ (whole weights, LoRA
+merged, a folder eval.py loads). Works for plain modules and FSDP2 alike (torch.distributed.checkpoint's
+full state dicts). The official recipe saves veRL's sharded checkpoints instead.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import torch
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
+                                                     set_state_dict)
+
+import config
+import grpo
+
+
+def write_run_info(out: str, args) -> None:
+    """Everything needed to reproduce the run: settings, commit, diff, package versions, seed. With --eval-only
+    the run's own record stays, and the evaluation adds a line to evals.jsonl."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    git = lambda *a: subprocess.run(["git", *a], cwd=here, capture_output=True, text=True).stdout  # noqa: E731
+    info = dict(args=config.flat(args), seed=args.common.seed, commit=git("rev-parse", "HEAD").strip(),
+                argv=sys.argv, python=sys.version, time=time.strftime("%Y-%m-%d %H:%M:%S"))
+    if args.run.eval_only:
+        with open(os.path.join(out, "evals.jsonl"), "a") as f:
+            f.write(json.dumps(dict(info, diff=git("diff", "HEAD"))) + "\n")
+        return
+    with open(os.path.join(out, "run.json"), "w") as f:
+        json.dump(info, f, indent=2)
+    with open(os.path.join(out, "git.diff"), "w") as f:
+        f.write(git("diff", "HEAD"))
+    from importlib import metadata
+    with open(os.path.join(out, "packages.txt"), "w") as f:
+        f.write("\n".join(sorted(f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions())) + "\n")
+
+
+# --eval-only keeps these of the call's own settings; everything else comes from the run's run.json
+EVAL_ONLY_OWN = ("run_name", "out_dir", "resume", "eval_only", "eval_saar", "eval_sampled", "device", "wandb_project")
+
+
+def args_of_run(args):
+    """--eval-only: the run's own settings (its run.json), with this call's run, eval and device flags. A run
+    from an older commit may lack newer settings: they keep their defaults."""
+    path = os.path.join(args.run.out_dir, args.run.run_name, "run.json")
+    if not args.run.run_name or not os.path.exists(path):
+        raise SystemExit(f"--eval-only: no run at {path}; name an existing run with --run-name (and --out-dir)")
+    with open(path) as f:
+        saved = json.load(f)["args"]
+    mine = config.flat(args)
+    return config.replace(config.unflat(type(args), saved), **{k: mine[k] for k in EVAL_ONLY_OWN})
+
+
+def full_state(model, lora_scale: float = 0.0) -> dict:
+    """Whole (unsharded) weights on every rank, LoRA adapters merged in (lora_scale = alpha / rank)."""
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    return grpo.merge_lora(state, lora_scale) if lora_scale else state
+
+
+def save(path: str, model, optimizer, scheduler, scaler, step: int, master: bool, data_pos: int,
+         background: bool = False):
+    """Model, optimizer, scheduler, loss scaler, step, data position (groups drawn so far) and every RNG state.
+
+    background=True writes from a thread and returns its Future (None on other ranks), so the write overlaps
+    the next step's rollout. The state holds the live tensors, not copies: the caller waits on the Future
+    (which re-raises a failed write) before the weights or the optimizer state change."""
+    msd, osd = get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if not master:
+        return None
+    state = dict(model=msd, optimizer=osd, scheduler=scheduler.state_dict(), scaler=dataclasses.asdict(scaler),
+                 step=step, data_pos=data_pos,
+                 rng=dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state()))
+
+    def write():
+        torch.save(state, path + ".tmp")
+        os.replace(path + ".tmp", path)
+    if not background:
+        return write()
+    pool = ThreadPoolExecutor(1, thread_name_prefix="ckpt")  # its thread is joined at exit: a write is never cut
+    try:
+        return pool.submit(write)
+    finally:
+        pool.shutdown(wait=False)
+
+
+def load(path: str, model, optimizer, scheduler, scaler) -> tuple[int, int | None]:
+    """Restore a checkpoint in place; returns (step, data position; None from a checkpoint that has none)."""
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
+                   options=StateDictOptions(full_state_dict=True))
+    scheduler.load_state_dict(state["scheduler"])
+    for key, value in state.get("scaler", {}).items():
+        setattr(scaler, key, value)
+    random.setstate(state["rng"]["python"])
+    np.random.set_state(state["rng"]["numpy"])
+    torch.set_rng_state(state["rng"]["torch"])
+    return int(state["step"]), state.get("data_pos")
+
+
+def save_hf(path: str, model, tokenizer, master: bool, lora_scale: float = 0.0) -> None:
+    """A Hugging Face folder eval.py can load (whole weights, written by rank 0)."""
+    sd = full_state(model, lora_scale)
+    if master:
+        model.save_pretrained(path, state_dict=sd)
+        tokenizer.save_pretrained(path)

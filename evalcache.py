@@ -1,0 +1,116 @@
+"""evalcache.py: train.py's step-0 evaluation, reused across runs (a speed-up of ours; the paper has none).
+
+A run's held-out score before its first update is a function of the weights, the evaluation's settings and the
+evaluation's code, so a run that would compute the same score as an earlier one (the same cold start with other
+training flags, say) takes the earlier one's. The key hashes the model folder's files, every setting but those
+in NOT_IN_EVAL, the prompt templates, the source of the modules the evaluation runs, and the torch and
+transformers versions. An entry is <cache>/eval/<key>/ (metrics.json, eval_step000000.jsonl), written whole and
+renamed into place. A hub id is not hashed, so its runs are not cached.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+# settings that cannot change the step-0 evaluation: runs that differ only in these share its entry
+NOT_IN_EVAL = {"run_name", "out_dir", "steps", "resume", "faithful", "eval_only", "eval_every", "eval_cache",
+               "update_dtype", "train_data", "data_order", "train_size", "prompts_per_step", "samples_per_prompt",
+               "max_prompt_tokens", "saar", "rollback_p", "lr", "warmup_steps", "warmup_unit", "weight_decay",
+               "mini_batch_prompts", "train_layers", "max_tokens_per_micro", "share_prompts", "clip_low",
+               "clip_high", "dual_clip_c", "agg", "norm_adv_std", "dynamic_sampling", "max_sample_rounds", "kl_coef",
+               "kl_type", "overlong_buffer", "overlong_penalty", "grad_clip", "max_nonfinite_skips",
+               "gradient_checkpointing", "loss_scale", "loss_scale_growth", "offload", "save_every", "dump_rollouts",
+               "wandb_project"}
+RECORDS = "eval_step000000.jsonl"  # the step-0 per-problem records eval.held_out writes in the run folder
+
+
+def cached(args, model_path: str, templates: dict | None, out: str, compute: Callable[[], dict]) -> dict:
+    """The step-0 metrics of this run's evaluation: an earlier run's (with eval_cached=1 and eval_cache_key, its
+    per-problem records copied into out/eval_step000000.jsonl), or compute()'s, kept for later runs. args: a
+    config.Train; caching is on with args.data.eval_cache and a model that is a local folder."""
+    k = key(args, model_path, templates) if args.data.eval_cache else None
+    ev = _load(k, out) if k is not None else None
+    if ev is not None:
+        return ev
+    ev = compute()
+    if k is not None:
+        _store(k, out, ev)
+    return ev
+
+
+def key(args, model_path: str, templates: dict | None = None) -> str | None:
+    """sha256 of the model folder's files (weights, config, tokenizer, chat template; not sft.py's build record),
+    the settings that the evaluation reads, the prompt templates, the evaluation's code and the torch and
+    transformers versions; None for a model that is not a local folder."""
+    import hashlib
+    import inspect
+    from importlib import metadata
+
+    import config
+    import engine
+    import eval as heldout
+    import reward
+    import rollout
+    import saar
+    import sandbox
+    import sft
+    import tools
+    from data import models, problems, synth
+    folder = Path(models.resolve(model_path))  # an offline model's name: its built folder
+    if not folder.is_dir():
+        return None
+    h = hashlib.sha256()
+    for f in sorted(folder.iterdir()):
+        if f.is_file() and f.name != sft.MARKER:  # the cold start's build record: its timings and pid change with
+            # every rebuild of the same weights, which are hashed
+            h.update(f.name.encode())
+            with open(f, "rb") as fh:
+                h.update(hashlib.file_digest(fh, "sha256").digest())
+    fields = {k: v for k, v in config.flat(args).items() if k not in NOT_IN_EVAL}
+    fields["templates"] = templates  # the wording --prompt-template loaded, not its path
+    h.update(json.dumps(fields, sort_keys=True).encode())
+    for mod in (engine, reward, rollout, saar, sandbox, tools, models, problems, synth):
+        h.update(inspect.getsource(mod).encode())
+    h.update(inspect.getsource(heldout.held_out).encode())
+    h.update(" ".join(metadata.version(d) for d in ("torch", "transformers")).encode())
+    return h.hexdigest()[:20]
+
+
+def _root() -> Path:
+    from data import models
+    return models.cache_dir() / "eval"
+
+
+def _load(k: str, out: str) -> dict | None:
+    """The entry's metrics, its records copied into out; None when there is none or it is unreadable."""
+    folder = _root() / k
+    if not (folder / "metrics.json").exists():
+        return None
+    t0 = time.perf_counter()
+    try:
+        with open(folder / "metrics.json") as f:
+            ev = json.load(f)
+        shutil.copyfile(folder / RECORDS, os.path.join(out, RECORDS))
+    except (OSError, ValueError) as e:  # a damaged entry: evaluate again (and keep the damaged one for a look)
+        print(f"eval cache {folder} is unreadable ({e}); evaluating instead", file=sys.stderr)
+        return None
+    return dict(ev, t_eval=time.perf_counter() - t0, eval_cached=1, eval_cache_key=k)
+
+
+def _store(k: str, out: str, ev: dict) -> None:
+    """Keep this run's step-0 evaluation for later runs (written whole, then renamed into place)."""
+    if (_root() / k).exists():
+        return
+    tmp = _root() / f".{k}.tmp-{os.getpid()}"
+    tmp.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(os.path.join(out, RECORDS), tmp / RECORDS)
+    (tmp / "metrics.json").write_text(json.dumps(ev))
+    try:
+        os.replace(tmp, _root() / k)
+    except OSError:  # another run stored it first
+        shutil.rmtree(tmp, ignore_errors=True)

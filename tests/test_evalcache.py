@@ -1,0 +1,115 @@
+"""evalcache.py: the step-0 evaluation is reused by weights, eval settings and code, and by nothing else; a damaged
+entry is evaluated again. The evaluation is eval.held_out's, with the scripted model (the only fake)."""
+import asyncio
+import dataclasses
+import shutil
+
+import pytest
+
+import config
+import eval as ev
+import evalcache
+import reward
+from data import models
+from data.models import load_tokenizer
+from data.problems import Problem
+from fakes import ScriptedEngine
+from sandbox import Sandbox
+
+PROBLEMS = [Problem(id="a", problem="What is 1 + 1?", answer="2", task="math"),
+            Problem(id="b", problem="What is 3 + 4?", answer="7", task="math")]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer("tiny-qwen3")
+
+
+@pytest.fixture(scope="module")
+def sb():
+    with Sandbox(slots=1, timeout_s=4.0) as s:
+        yield s
+
+
+@pytest.fixture()
+def root(tmp_path, monkeypatch):
+    monkeypatch.setattr(evalcache, "_root", lambda: tmp_path / "cache")
+    return tmp_path / "cache"
+
+
+def train_args(*argv) -> config.Train:
+    return config.cli(config.Train, "", ["--model", "tiny-qwen3", "--tool-format", "hermes", "--eval-size", "2", *argv])
+
+
+def step0(tok, sb, args, out, calls: list):
+    """evalcache.cached as train.py calls it, computing with eval.held_out; calls: one entry per evaluation."""
+    def compute():
+        calls.append(out)
+        eng, loop = ScriptedEngine(tok, ["\\boxed{2}<|im_end|>", "\\boxed{5}<|im_end|>"]), asyncio.new_event_loop()
+        grade = lambda p, tr: reward.grade(p.task, tr.final_text(tok), answer=p.answer, sandbox=sb)  # noqa: E731
+        try:
+            return ev.held_out(loop, eng, sb, tok, PROBLEMS, args, step=0, out_dir=str(out), rollout_cfg=args.rollout,
+                               templates=None, grade=grade, rank=0, world=1)
+        finally:
+            loop.close()
+    out.mkdir(exist_ok=True)
+    return evalcache.cached(args, args.common.model, None, str(out), compute)
+
+
+def test_a_second_run_takes_the_first_runs_step0_evaluation(tok, sb, root, tmp_path, capsys):
+    """The same weights and eval settings, other training flags: the first run's metrics and its per-problem records,
+    with no rollout; --no-eval-cache and a hub id evaluate; a damaged entry is evaluated again, and kept."""
+    calls = []
+    a = step0(tok, sb, train_args(), tmp_path / "a", calls)
+    assert len(calls) == 1 and len(list(root.iterdir())) == 1 and "eval_cached" not in a and a["eval_greedy_acc"] == 0.5
+    b = step0(tok, sb, train_args("--lr", "1e-4", "--data-order", "stratified", "--no-saar", "--steps", "9"),
+              tmp_path / "b", calls)
+    assert len(calls) == 1  # from the cache
+    assert b["eval_cached"] == 1 and b["eval_cache_key"] == next(root.iterdir()).name
+    assert {k: v for k, v in b.items() if k not in ("t_eval", "eval_cached", "eval_cache_key")} == \
+        {k: v for k, v in a.items() if k != "t_eval"}
+    rows = [(tmp_path / r / evalcache.RECORDS).read_text() for r in ("a", "b")]
+    assert rows[0] == rows[1] and len(rows[0].splitlines()) == 2
+    assert "eval_cached" not in step0(tok, sb, train_args("--no-eval-cache"), tmp_path / "c", calls) and len(calls) == 2
+    assert evalcache.key(train_args(), "Org/not-a-folder") is None  # a hub id is not hashed, so not cached
+    entry = next(root.iterdir())
+    (entry / "metrics.json").write_text("{not json")
+    assert "eval_cached" not in step0(tok, sb, train_args(), tmp_path / "d", calls) and len(calls) == 3
+    assert "is unreadable" in capsys.readouterr().err and (entry / "metrics.json").read_text() == "{not json"
+
+
+def test_the_key_covers_weights_eval_settings_templates_and_code(tmp_path, monkeypatch):
+    args = train_args()
+    key = evalcache.key(args, "tiny-qwen3")
+    # training-only settings (one of each section) share the entry
+    assert key == evalcache.key(config.replace(args, lr=0.5, saar=False, steps=99, run_name="x", data_order="stratified",
+                                               update_dtype="bfloat16", faithful=True), "tiny-qwen3")
+    for change in (dict(max_turns=2), dict(eval_saar="both"), dict(seed=4), dict(temperature=0.9), dict(gamma=0.7),
+                   dict(eval_data="synth"), dict(tool_memory_mb=512), dict(math_grader="strict-box")):
+        assert evalcache.key(config.replace(args, **change), "tiny-qwen3") != key, change
+    assert evalcache.key(args, "tiny-qwen3", {"system": "Be brief."}) != key  # the prompt templates' wording
+    other = shutil.copytree(models.resolve("tiny-qwen3"), tmp_path / "other")
+    assert evalcache.key(args, str(other)) == key  # a copy of the same files: the same key
+    import sft
+    (other / sft.MARKER).write_text('{"train_s": 180.0, "pid": 1}')  # a rebuild's record: its time and pid differ
+    assert evalcache.key(args, str(other)) == key
+    (other / "chat_template.jinja").write_text((other / "chat_template.jinja").read_text() + " ")
+    changed_template = evalcache.key(args, str(other))
+    from safetensors.torch import load_file, save_file
+    w = load_file(other / "model.safetensors")
+    name = next(iter(w))
+    w[name] = w[name] + 1e-3
+    save_file(w, other / "model.safetensors", metadata={"format": "pt"})
+    assert len({key, changed_template, evalcache.key(args, str(other))}) == 3
+    # the evaluation's code: another held_out is another key
+    monkeypatch.setattr(ev, "held_out", dataclasses.replace)
+    assert evalcache.key(args, "tiny-qwen3") != key
+
+
+def test_not_in_eval_names_only_settings_of_a_run():
+    """A renamed or deleted setting left in NOT_IN_EVAL would silently leave the key (and the cache) keyed on less."""
+    names = set(config.flat(config.Train()))
+    assert evalcache.NOT_IN_EVAL <= names, sorted(evalcache.NOT_IN_EVAL - names)
+    # what the evaluation reads stays in the key
+    assert not {"model", "seed", "eval_data", "eval_size", "eval_saar", "eval_sampled", "tool_format", "temperature",
+                "max_turns", "max_response_tokens", "gamma", "engine", "dtype", "tool_timeout_s"} & evalcache.NOT_IN_EVAL
