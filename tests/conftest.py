@@ -24,3 +24,18 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    """The real Qwen BPE of the tiny test model (a module may define its own)."""
+    from data.models import load_tokenizer
+    return load_tokenizer("tiny-qwen3")
+
+
+@pytest.fixture(scope="module")
+def sb():
+    """A real sandbox, one slot (a module may define its own)."""
+    from sandbox import Sandbox
+    with Sandbox(slots=1, timeout_s=4.0) as s:
+        yield s

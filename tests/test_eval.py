@@ -432,18 +432,7 @@ def test_a_benchmark_is_one_registry_entry(monkeypatch, tmp_path, capsys):
 
 # --- the held-out evaluation of a training run (train.py calls held_out, format_eval, summary) ---------------
 
-@pytest.fixture(scope="module")
-def tok():
-    from data.models import load_tokenizer
-    return load_tokenizer("tiny-qwen3")
-
-
-@pytest.fixture(scope="module")
-def sb():
-    from sandbox import Sandbox
-    with Sandbox(slots=1, timeout_s=4.0) as s:
-        yield s
-
+# (tok and sb: tests/conftest.py)
 
 def call(code: str) -> str:
     return "Let me compute.\n<tool_call>\n" + json.dumps({"name": "code_interpreter", "arguments": {"code": code}}) + \

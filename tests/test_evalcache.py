@@ -11,24 +11,11 @@ import eval as ev
 import evalcache
 import reward
 from data import models
-from data.models import load_tokenizer
 from data.problems import Problem
 from fakes import ScriptedEngine
-from sandbox import Sandbox
 
 PROBLEMS = [Problem(id="a", problem="What is 1 + 1?", answer="2", task="math"),
             Problem(id="b", problem="What is 3 + 4?", answer="7", task="math")]
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return load_tokenizer("tiny-qwen3")
-
-
-@pytest.fixture(scope="module")
-def sb():
-    with Sandbox(slots=1, timeout_s=4.0) as s:
-        yield s
 
 
 @pytest.fixture()
