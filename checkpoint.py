@@ -4,7 +4,8 @@ run.json (every setting by its flag's name, the commit, argv, the Python version
 ckpt.pt (model, optimizer, scheduler, loss scaler, step, data position, every RNG state), written to a temp
 file and renamed, so that a kill mid-save leaves the previous checkpoint whole; hf/ (whole weights, LoRA
 merged, a folder eval.py loads). Works for plain modules and FSDP2 alike (torch.distributed.checkpoint's
-full state dicts). The official recipe saves veRL's sharded checkpoints instead.
+full state dicts). The official recipe saves veRL's sharded checkpoints instead. The step's records go
+there too: metrics.jsonl, TensorBoard (tb/), and a few whole rollouts a step (rollouts/step_N.jsonl).
 """
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_state_dict)
 
 import config
-import grpo
 
 
 def write_run_info(out: str, args) -> None:
@@ -65,7 +65,22 @@ def args_of_run(args):
 def full_state(model, lora_scale: float = 0.0) -> dict:
     """Whole (unsharded) weights on every rank, LoRA adapters merged in (lora_scale = alpha / rank)."""
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
-    return grpo.merge_lora(state, lora_scale) if lora_scale else state
+    return merge_lora(state, lora_scale) if lora_scale else state
+
+
+def merge_lora(state: dict, scale: float) -> dict:
+    """A LoRA model's state dict (add_lora) as the plain model's: W + scale * B @ A under W's own name, the
+    adapters dropped. scale = alpha / rank. A state without adapters comes back unchanged."""
+    out = {}
+    for key, value in state.items():
+        if ".lora_A." in key or ".lora_B." in key:
+            continue
+        if key.endswith(".base_layer.weight"):
+            prefix = key[:-len(".base_layer.weight")]
+            a, b = state[f"{prefix}.lora_A.default.weight"], state[f"{prefix}.lora_B.default.weight"]  # (r, in), (out, r)
+            value = (value.float() + scale * (b.float() @ a.float())).to(value.dtype)
+        out[key.replace(".base_layer.", ".")] = value
+    return out
 
 
 def save(path: str, model, optimizer, scheduler, scaler, step: int, master: bool, data_pos: int,
@@ -114,3 +129,37 @@ def save_hf(path: str, model, tokenizer, master: bool, lora_scale: float = 0.0) 
     if master:
         model.save_pretrained(path, state_dict=sd)
         tokenizer.save_pretrained(path)
+
+
+def metric_writer(out: str, args: Args):
+    """metrics.jsonl always, TensorBoard scalars (and the SAAR similarity histogram), wandb only when named."""
+    from torch.utils.tensorboard import SummaryWriter
+    tb = SummaryWriter(os.path.join(out, "tb"))
+    wb = None
+    if args.run.wandb_project:
+        import wandb  # imported only here, so runs without it never need it
+        wb = wandb.init(project=args.run.wandb_project, name=os.path.basename(out), config=config.flat(args))
+
+    def write(m: dict):
+        with open(os.path.join(out, "metrics.jsonl"), "a") as f:
+            f.write(json.dumps(m) + "\n")
+        for k, v in m.items():
+            if isinstance(v, (int, float)) and k != "step":
+                tb.add_scalar(k, v, m["step"])
+            elif isinstance(v, list) and v:
+                tb.add_histogram(k, np.asarray(v, dtype=np.float64), m["step"], bins=np.linspace(0, 1, 21))
+        tb.flush()
+        if wb is not None:
+            wb.log(m, step=m["step"])
+    return write
+
+
+def dump_rollouts(out: str, step: int, seen, tokenizer) -> None:
+    """A step's whole rollouts (traj, reward, correct) as rollouts/step_N.jsonl in the run folder, one a line:
+    what the model wrote, its reward and SAAR's events."""
+    with open(os.path.join(out, "rollouts", f"step_{step:06d}.jsonl"), "w") as f:
+        for tr, r, _ in seen:
+            f.write(json.dumps(dict(meta=tr.meta, reward=r, prompt=tokenizer.decode(tr.prompt_ids), response=tr.text,
+                                    finish_reason=tr.finish_reason, truncated=tr.truncated, turns=tr.turns,
+                                    saar=tr.saar, saar_events=tr.saar_events, num_tool_calls=tr.num_tool_calls,
+                                    num_tool_errors=tr.num_tool_errors, response_len=len(tr.response_ids))) + "\n")

@@ -148,10 +148,9 @@ class Saar:
     generates it (ours stops at the end of the call)"""
     feedback_instruction: bool = False
     """add an explicit 'fix the error' line to the error feedback"""
-    is_mode: Literal["none", "token", "gate"] = "none"
-    """importance correction for replaced tokens: none (official), token (truncated weight) or gate"""
-    is_cap: float = 2.0
-    """truncation of the per-token importance weight (is_mode=token)"""
+    is_mode: Literal["none", "gate"] = "none"
+    """gate: refuse a replacement unlikely on the purified context (a scoring pass); the per-token correction of
+    spliced tokens is --rollout-is token"""
     is_gate: float = 0.1
     """keep the error when the sequence-level ratio falls below this (is_mode=gate)"""
 
@@ -193,6 +192,19 @@ class Grpo:
                  "verl-token-mean"] = "token-mean"
     """loss aggregation: token-mean (over the mini-batch), seq-mean-token-sum, seq-mean-token-mean,
     seq-mean-token-sum-norm (Dr.GRPO), verl-token-mean (veRL: a token-mean per micro-batch, weighted by its sequences)"""
+    rollout_is: Literal["none", "token", "seq"] = "none"
+    """veRL's rollout correction of the engine/trainer gap (mismatch.py; the paper: none): token weights each
+    token's loss by min(pi_old/pi_rollout, --rollout-is-threshold), SAAR's spliced tokens included; seq drops a
+    sequence whose ratio leaves [--rollout-is-threshold-lower, --rollout-is-threshold]. pi_rollout: the engine's
+    sampling log-probs; pi_old: the trainer's on the purified tokens, then for the whole batch (one forward pass
+    more over the first mini-batch)"""
+    rollout_is_threshold: float = 2.0
+    """the token weight's cap, the sequence ratio's upper bound (veRL's rollout_is_threshold)"""
+    rollout_is_threshold_lower: float = 0.0
+    """the sequence ratio's lower bound (0: 1 / --rollout-is-threshold, as veRL)"""
+    mismatch_warn_kl: float = 1e-3
+    """warn once when the engine/trainer mismatch KL of ordinary sampled tokens passes this: stale engine weights,
+    or an engine precision far from the trainer's"""
     kl_coef: float = 0.0
     """KL penalty to the initial policy (paper: 0)"""
     kl_type: Literal["kl", "low_var_kl"] = "low_var_kl"
@@ -240,6 +252,9 @@ class Grpo:
     def __post_init__(self):
         if self.lora_rank < 0:
             raise ValueError(f"--lora-rank must be >= 0 (0: no adapters), got {self.lora_rank}")
+        if not 0.0 <= self.rollout_is_threshold_lower < 1.0 < self.rollout_is_threshold:
+            raise ValueError(f"--rollout-is-threshold must be > 1 and --rollout-is-threshold-lower in [0, 1), got "
+                             f"{self.rollout_is_threshold} and {self.rollout_is_threshold_lower}")
 
 
 @dataclass
@@ -399,7 +414,7 @@ class SftArgs:
 # --faithful: the official code's (Open-CLEANER, veRL) choices where our defaults differ, in one place
 FAITHFUL = dict(warmup_unit="train", agg="verl-token-mean", math_grader="strict-box", tool_echo=True,
                 tool_header=True, repair_json=True, tool_cap_ends=False, last_turn_calls=False, sim_eos=True,
-                max_prompt_tokens=2560, lcb_grader="official")
+                max_prompt_tokens=2560, lcb_grader="official", rollout_is="none")
 
 
 def sections(args) -> list:

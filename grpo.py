@@ -51,16 +51,26 @@ class TrainSeq:
     """One trajectory of the update: prompt and response joined into one token list of length L, every per-token
     field over the whole of it, entry t belonging to token t (the log-prob of token t given tokens < t). Entry 0
     has no prediction, so loss_mask[0] must be 0. (A rollout.Trajectory keeps its prompt apart, its loss_mask and
-    logprobs over the response only; train.py prepends the prompt's positions, as 0s.)"""
+    logprobs over the response only: `of` prepends the prompt's positions, as 0s.)"""
     input_ids: list[int]  # prompt + response: the final, purified tokens
     loss_mask: list[int]  # 1 on tokens the policy sampled, 0 on prompt and tool-output tokens
     advantage: float = 0.0  # from compute_advantages
     # (L,) log-probs under the policy that sampled the batch, recomputed by compute_old_logprobs on the final
     # tokens (as the paper's code does); read only where loss_mask is 1. None is allowed in the first
-    # mini-batch of `update`: the policy has not moved there yet, so its own forward pass gives them, exactly
+    # mini-batch of `update`: the policy has not moved there yet, so its own forward pass gives them (and `update`
+    # fills them in, for the mismatch monitor)
     old_logp: list[float] | torch.Tensor | None = None
-    is_weight: list[float] | torch.Tensor | None = None  # (L,) SAAR's truncated IS weight on replaced tokens, else 1
+    is_weight: list[float] | torch.Tensor | None = None  # (L,) a weight on each token's loss (mismatch.correct)
     ref_logp: list[float] | torch.Tensor | None = None  # (L,) reference-model log-probs, for kl_coef > 0
+    rollout_logp: list[float] | None = None  # (L,) the engine's sampling log-probs (mismatch.py)
+    spliced: list[int] | None = None  # (L,) 1 on tokens SAAR spliced in (rollout.Trajectory.spliced)
+
+    @classmethod
+    def of(cls, traj, advantage: float) -> TrainSeq:
+        """A rollout.Trajectory's record, its prompt not trained on."""
+        n = len(traj.prompt_ids)
+        return cls(input_ids=traj.prompt_ids + traj.response_ids, loss_mask=[0] * n + traj.loss_mask,
+                   advantage=advantage, rollout_logp=[0.0] * n + traj.logprobs, spliced=[0] * n + traj.spliced)
 
 
 # ----------------------------------------------------------------------------- advantages
@@ -212,19 +222,19 @@ def _aggregate(x: torch.Tensor, mask: torch.Tensor, seq_ids: torch.Tensor | None
         return x.sum() / max(n, 1)
     n_seq = int(seq_ids.max().item()) + 1 if seq_ids.numel() else 0
     seq_sum = torch.zeros(n_seq, dtype=x.dtype, device=x.device).index_add(0, seq_ids, x)  # (S,)
+    seq_tok = torch.zeros(n_seq, dtype=x.dtype, device=x.device).index_add(0, seq_ids, mask.to(x.dtype))  # (S,)
     n = n_seq if normaliser is None else normaliser
     if agg == "seq-mean-token-sum":
         return seq_sum.sum() / max(n, 1)
     if agg == "seq-mean-token-mean":
-        seq_tok = torch.zeros(n_seq, dtype=x.dtype, device=x.device).index_add(0, seq_ids, mask.to(x.dtype))
         return (seq_sum / seq_tok.clamp(min=1)).sum() / max(n, 1)
     if agg == "seq-mean-token-sum-norm":
         return seq_sum.sum() / (max(n, 1) * max_len)
     if agg == "verl-token-mean":
         # veRL's dp_actor with dynamic batch sizes: a token-mean inside each micro-batch, weighted by the
-        # micro-batch's share of the mini-batch's sequences (n: all ranks' sequences). Between token-mean and
-        # seq-mean, and it depends on how the micro-batches were cut
-        return x.sum() / mask.sum().clamp(min=1) * n_seq / max(n, 1)
+        # micro-batch's share of the mini-batch's sequences (n: all ranks' sequences with a loss token). Between
+        # token-mean and seq-mean, and it depends on how the micro-batches were cut
+        return x.sum() / mask.sum().clamp(min=1) * (seq_tok > 0).sum() / max(n, 1)
     raise ValueError(f"unknown agg {agg!r}; choose one of {AGG_MODES}")
 
 
@@ -233,8 +243,9 @@ def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def loss_normaliser(mini_batch: Sequence[TrainSeq], agg: str, device: torch.device | str = "cpu") -> float:
-    """The mini-batch's global count, summed over ranks: loss tokens (token-mean) or trajectories."""
-    local = sum(sum(t.loss_mask) for t in mini_batch) if agg == "token-mean" else len(mini_batch)  # else: sequences
+    """The mini-batch's global count, summed over ranks: loss tokens (token-mean) or trajectories with one (a
+    sequence that mismatch.correct dropped has none)."""
+    local = sum(sum(t.loss_mask) if agg == "token-mean" else any(t.loss_mask) for t in mini_batch)
     return _all_reduce(float(local), "sum", torch.device(device))
 
 
@@ -308,6 +319,8 @@ def update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, 
             # old log-probs not given (first mini-batch only): the policy has not moved yet, so they are this
             # very forward pass, detached; the ratio is exactly 1 and the gradient that of the surrogate
             old = torch.where(micro.old_known, micro.old_logp, logp.detach())
+            for i, part in zip(micro.index if not micro.old_known.all() else [], micro.per_sequence(old.cpu())):
+                mini[i].old_logp = part if mini[i].old_logp is None else mini[i].old_logp  # for the monitor
             loss, st = policy_loss(logp, old, micro.adv, micro.loss_mask, clip_low=cfg.clip_low,
                                    clip_high=cfg.clip_high, dual_clip_c=cfg.dual_clip_c or None, agg=cfg.agg,
                                    is_weight=micro.is_weight, ref_logp=micro.ref_logp, kl_coef=cfg.kl_coef,
@@ -398,9 +411,7 @@ def warmup_lambda(warmup_steps: int, from_zero: bool = False) -> Callable[[int],
 
     Ours starts at 1/warmup_steps, so the first step already moves the weights. from_zero is veRL's constant
     schedule with warmup (multiplier step/warmup_steps): its first step has lr 0."""
-    if from_zero:
-        return lambda step: min(1.0, step / max(1, warmup_steps))
-    return lambda step: min(1.0, (step + 1) / max(1, warmup_steps))
+    return lambda step: min(1.0, (step + (0 if from_zero else 1)) / max(1, warmup_steps))
 
 
 def make_optimizer(model: torch.nn.Module, *, lr: float = 2e-6, weight_decay: float = 0.01,
@@ -440,7 +451,7 @@ def add_lora(model: torch.nn.Module, rank: int, alpha: float, train_layers: int 
     get no weight gradient (about a third fewer FLOPs per trained token) and the optimizer keeps state for the
     adapters alone. The adapters start at zero (B = 0), so the policy starts as the warm start. They are
     injected in place: the model keeps its class and its forward, so the engine and the update use it as is;
-    `merge_lora` gives plain weights for an engine copy or a saved folder."""
+    `checkpoint.merge_lora` gives plain weights for an engine copy or a saved folder."""
     from peft import LoraConfig, inject_adapter_in_model
     n = len(model.get_decoder().layers)
     layers = list(range(n - train_layers, n)) if 0 < train_layers < n else list(range(n))
@@ -448,21 +459,6 @@ def add_lora(model: torch.nn.Module, rank: int, alpha: float, train_layers: int 
                                        layers_to_transform=layers), model)
     for name, p in model.named_parameters():
         p.requires_grad_(".lora_" in name)
-
-
-def merge_lora(state: dict, scale: float) -> dict:
-    """A LoRA model's state dict (add_lora) as the plain model's: W + scale * B @ A under W's own name, the
-    adapters dropped. scale = alpha / rank. A state without adapters comes back unchanged."""
-    out = {}
-    for key, value in state.items():
-        if ".lora_A." in key or ".lora_B." in key:
-            continue
-        if key.endswith(".base_layer.weight"):
-            prefix = key[:-len(".base_layer.weight")]
-            a, b = state[f"{prefix}.lora_A.default.weight"], state[f"{prefix}.lora_B.default.weight"]  # (r, in), (out, r)
-            value = (value.float() + scale * (b.float() @ a.float())).to(value.dtype)
-        out[key.replace(".base_layer.", ".")] = value
-    return out
 
 
 def _set_checkpointing(model: torch.nn.Module, on: bool) -> None:

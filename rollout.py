@@ -254,7 +254,8 @@ class Trajectory:
     response_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)      # 1 where the policy sampled the token
     logprobs: list[float] = field(default_factory=list)     # rollout log-prob (0.0 where mask is 0)
-    is_weight: list[float] | None = None                    # SAAR importance weights (only with is_mode="token")
+    spliced: list[int] = field(default_factory=list)       # 1 where SAAR spliced the token in: sampled with an
+                                                            # error in context that the final sequence lacks
     turns: list[dict] = field(default_factory=list)         # calls left in the final sequence, with results
     saar: bool = False                                      # did this trajectory draw SAAR
     saar_events: list[dict] = field(default_factory=list)
@@ -267,20 +268,17 @@ class Trajectory:
     meta: dict = field(default_factory=dict)
     text: str = ""                                          # decoded response, for logs
 
-    def extend(self, ids, mask: int, logprobs=None, is_weight=None):
+    def extend(self, ids, mask: int, logprobs=None, spliced=None):
         n = len(ids)
         self.response_ids += list(ids)
         self.loss_mask += [mask] * n
         self.logprobs += list(logprobs) if logprobs is not None else [0.0] * n
-        if self.is_weight is not None:
-            self.is_weight += list(is_weight) if is_weight is not None else [1.0] * n
+        self.spliced += list(spliced) if spliced is not None else [0] * n
         assert len(self.logprobs) == len(self.response_ids), "logprobs must match the tokens"
 
     def truncate(self, n: int):
         """Drop everything after response position n (SAAR's restore)."""
-        del self.response_ids[n:], self.loss_mask[n:], self.logprobs[n:]
-        if self.is_weight is not None:
-            del self.is_weight[n:]
+        del self.response_ids[n:], self.loss_mask[n:], self.logprobs[n:], self.spliced[n:]
 
     def final_text(self, tokenizer) -> str:
         """The last assistant turn: the sampled tokens after the last tool response (what is graded)."""
@@ -388,8 +386,6 @@ async def rollout_one(engine, sandbox, tokenizer, prompt: list[int], cfg: config
     # curriculum mixing: each trajectory draws SAAR with probability p (seeded per trajectory)
     traj.saar = saar is not None and random.Random(seed).random() < saar_p
     state = SaarState(on=traj.saar, events=traj.saar_events)
-    if traj.saar and saar.is_mode == "token":
-        traj.is_weight = []
     env = ToolEnv(engine, sandbox, tokenizer, cfg, seed=seed, prompt_len=len(traj.prompt_ids))
     budget = cfg.max_response_tokens
 

@@ -19,10 +19,11 @@ the end of the turn, JSON wrapper included), gamma 0.5 with shallow iff sim >= g
 the raw error as feedback, no importance correction. Departures, all flags:
   * `sim_on="code"` compares the extracted code instead (the paper's text says code);
   * `feedback_instruction` appends an explicit "fix the error" line to the feedback;
-  * `is_mode` adds an importance correction for replaced tokens, which were sampled with the error in
-    context but are trained as if on the clean context: "token" keeps a truncated per-token weight
-    pi(clean)/pi(sampled) for the loss; "gate" keeps the error (no replacement) when the sequence-level
-    ratio over the replaced tokens falls below `is_gate`. Both need `engine.score` on the purified context;
+  * replaced tokens were sampled with the error in context but are trained on the clean one: each is marked
+    in `Trajectory.spliced` (the mismatch monitor reports them apart; `--rollout-is token` weights them by
+    pi_old(clean)/pi_rollout(sampled), mismatch.py), and `is_mode="gate"` keeps the error (no replacement)
+    when the sequence-level ratio over the replaced tokens falls below `is_gate`, from `engine.score` on the
+    purified context;
   * the split position is found on token boundaries by decoding prefixes (binary search instead of the
     official linear scan, O(log n) decodes: the same boundary when the call marker is one token; when it is
     spelled in plain tokens, ours keeps the marker whole in the call, the official scan splits inside it);
@@ -138,7 +139,7 @@ async def retry_failed_call(traj, start: int, result, *, cfg, state: SaarState, 
     """Purify the failed call in the turn at traj.response_ids[start:] (its result not yet appended).
 
     `cfg` holds SAAR's settings (a config.Saar: gamma, max_retries, sim_on, sim_eos, feedback_instruction,
-    is_mode, is_cap, is_gate). `env` is the rollout's per-trajectory tool environment (rollout.ToolEnv):
+    is_mode, is_gate). `env` is the rollout's per-trajectory tool environment (rollout.ToolEnv):
     generate, score, parse, execute, tokenizer, the call syntax, the tool-turn scaffolding and the tool-call
     budget. (This module imports no project module: settings and the rollout both come in duck-typed.)
     """
@@ -151,7 +152,7 @@ async def retry_failed_call(traj, start: int, result, *, cfg, state: SaarState, 
             return Outcome("given_up", result, note=env.give_up_note(retries) if retries >= 2 else "")
         # snapshot = the trajectory up to and including the failed turn; restoring is truncating to `start`
         old_turn, old_logp = traj.response_ids[start:], traj.logprobs[start:]
-        old_isw = traj.is_weight[start:] if traj.is_weight is not None else None
+        old_spliced = traj.spliced[start:]
         feedback = env.feedback(result, instruction=cfg.feedback_instruction)
         fb = env.tool_turn_ids(feedback, env.ended(old_turn))
         if env.left(traj.prompt_ids + traj.response_ids) - len(fb) < 1:
@@ -178,13 +179,12 @@ async def retry_failed_call(traj, start: int, result, *, cfg, state: SaarState, 
         # kept reasoning keeps its log-probs (sampled on the clean context); new tokens keep theirs
         # (sampled with the error in context)
         new_logp = list(old_logp[:rep.keep]) + list(new.logprobs[len(new.token_ids) - n_new:])
-        isw = None
-        if cfg.is_mode != "none":
+        if cfg.is_mode == "gate":
             purified = traj.prompt_ids + traj.response_ids[:start] + rep.ids
             clean = await env.score(purified, len(traj.prompt_ids) + start + rep.keep)
             log_ratio = [c - s for c, s in zip(clean, new_logp[rep.keep:])]
             seq_ratio = math.exp(min(sum(log_ratio), 50.0))
-            if cfg.is_mode == "gate" and seq_ratio < cfg.is_gate:
+            if seq_ratio < cfg.is_gate:
                 # too unlikely on the clean context: keep the error and let the new turn follow it, which
                 # is what a raw rollout would have produced; SAAR stays on for later turns
                 traj.extend(new.token_ids, mask=1, logprobs=new.logprobs)
@@ -192,10 +192,9 @@ async def retry_failed_call(traj, start: int, result, *, cfg, state: SaarState, 
                                          error_kind=result.error_kind, seq_ratio=seq_ratio,
                                          regen_tokens=len(new.token_ids)))
                 return Outcome("gated", result, next_turn=next_turn, next_finish=new.finish_reason)
-            if cfg.is_mode == "token" and old_isw is not None:
-                isw = list(old_isw[:rep.keep]) + [min(math.exp(x), cfg.is_cap) for x in log_ratio]
         traj.truncate(start)  # restore the snapshot: the error and the failed call vanish
-        traj.extend(rep.ids, mask=1, logprobs=new_logp, is_weight=isw)
+        # the new tokens are spliced in: sampled with the error in context, trained without it (mismatch.py)
+        traj.extend(rep.ids, mask=1, logprobs=new_logp, spliced=list(old_spliced[:rep.keep]) + [1] * n_new)
         state.events.append(dict(turn=env.turn, kind=rep.kind, similarity=rep.similarity, retry=retries,
                                  error_kind=result.error_kind, regen_tokens=len(new.token_ids)))
         result = await env.execute(env.parse(rep.ids), retry=True)

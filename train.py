@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import os
 import time
 
@@ -33,6 +32,7 @@ import engine as engine_mod
 import eval as heldout
 import evalcache
 import grpo
+import mismatch
 import packing
 import precision
 import reward
@@ -68,7 +68,8 @@ def main(args: Args):
     optimizer, scheduler = grpo.make_optimizer(policy, lr=g.lr, weight_decay=g.weight_decay,
                                                warmup_steps=g.warmup_steps, from_zero=g.warmup_unit == "train")
     start_step, data_pos = resume(args, ckpt_path, policy, optimizer, scheduler, scaler, log)
-    writer, loop = metric_writer(out, args) if master else None, asyncio.new_event_loop()
+    writer, loop = checkpoint.metric_writer(out, args) if master else None, asyncio.new_event_loop()
+    warn = mismatch.warn_once(g.mismatch_warn_kl, log)
     roll = dict(loop=loop, eng=eng, sandbox=sandbox, tokenizer=tokenizer, templates=templates, grade=grade)
     evaluate = lambda step: heldout.held_out(loop, eng, sandbox, tokenizer, eval_set, args, step=step,  # noqa: E731
                                              out_dir=out if master else None, rollout_cfg=cfg, templates=templates,
@@ -84,19 +85,16 @@ def main(args: Args):
         t0 = time.perf_counter()  # group advantages over every rank's rollouts (groups never straddle ranks)
         all_r, all_g = ([x for part in gather(xs, world) for x in part] for xs in (rewards, groups))
         adv, adv_stats = grpo.compute_advantages(all_r, all_g, norm_std=g.norm_adv_std)
-        batch = [grpo.TrainSeq(input_ids=tr.prompt_ids + tr.response_ids, advantage=a,
-                               loss_mask=[0] * len(tr.prompt_ids) + tr.loss_mask,  # the prompt is not trained on
-                               is_weight=None if tr.is_weight is None else [1.0] * len(tr.prompt_ids) + tr.is_weight)
+        batch = [grpo.TrainSeq.of(tr, a)  # this rank's share: the prompt not trained on
                  for tr, a in zip(trajs, adv[rank * len(rewards):(rank + 1) * len(rewards)].tolist())]
         t["reward"] += time.perf_counter() - t0
         # -------------------------------------------------------------- update
         t0, mbs = time.perf_counter(), g.mini_batch_prompts * g.samples_per_prompt // world
-        old_logprobs(policy, ref, batch, mbs, g, temperature=cfg.temperature, autocast_dtype=amp)
+        drift = old_logprobs(policy, ref, batch, mbs, g, temperature=cfg.temperature, autocast_dtype=amp)
         t["old_logp"], t0 = time.perf_counter() - t0, time.perf_counter()
         if saving is not None:  # the last checkpoint holds the live tensors: on disk before the update changes them
             saving, _ = None, saving.result()
-        if args.engine.engine == "sglang":
-            eng.release_memory()  # colocated: give the engine's GPU memory to the update
+        eng.release_memory()  # colocated SGLang: its GPU memory to the update (HF: nothing to give)
         save = lambda path, at, pos: checkpoint.save(path, policy, optimizer, scheduler, scaler, at, master,  # noqa: E731
                                                      data_pos=pos)
         try:  # no batch: --dynamic-sampling found no group with a signal
@@ -107,6 +105,7 @@ def main(args: Args):
             save(path := os.path.join(out, f"ckpt-nonfinite-step{step + 1}.pt"), step, step_pos)
             raise SystemExit(f"step {step + 1}: {e}\nweights are unchanged by the bad update; saved {path}. "
                              f"The last regular checkpoint is {ckpt_path}.")
+        drift = drift or mismatch.measure(batch)  # engine vs trainer, every sampled token: no forward pass of its own
         nonfinite_run = count_nonfinite(stats, nonfinite_run, step, g, log, lambda p: save(p, step + 1, data_pos), out)
         if g.warmup_unit == "train":
             scheduler.step()  # veRL: once per training step, after the update
@@ -114,14 +113,15 @@ def main(args: Args):
         push_weights(args, eng, policy, own_copy)
         t["sync"] = time.perf_counter() - t0
         # -------------------------------------------------------------- eval / log / ckpt
-        m = dict(step_metrics(seen, adv_stats, stats, t, world, adv_n=len(all_r), **sampling), step=step + 1)
+        m = dict(step_metrics(seen, adv_stats, stats, t, world, adv_n=len(all_r), **sampling, **drift), step=step + 1)
         if d.eval_size and ((d.eval_every and (step + 1) % d.eval_every == 0) or step + 1 == r.steps):
             m.update(evaluate(step + 1))
         m["t_wall"] = time.perf_counter() - t_step
         if master:
+            warn(m)  # once, when the engine's log-probs are far from the trainer's: stale weights?
             log(format_line(m))
             writer(m)
-            dump_rollouts(os.path.join(out, "rollouts", f"step_{step + 1:06d}.jsonl"), seen[:r.dump_rollouts], tokenizer)
+            checkpoint.dump_rollouts(out, step + 1, seen[:r.dump_rollouts], tokenizer)
         if (step + 1) % r.save_every == 0 or step + 1 == r.steps:
             saving = checkpoint.save(ckpt_path, policy, optimizer, scheduler, scaler, step + 1, master,
                                      data_pos=data_pos, background=True)
@@ -265,14 +265,21 @@ def baseline(args: Args, evaluate, step: int, model_path: str, templates, out: s
 
 # ---------------------------------------------------------------------- the step's parts
 
-def old_logprobs(policy, ref, batch: list, mbs: int, g, **kw) -> None:
+def old_logprobs(policy, ref, batch: list, mbs: int, g, **kw) -> dict:
     """Fill batch[i].old_logp, recomputed on the final, purified tokens (as the paper's code) at the rollout's
     temperature, for every mini-batch but the first, whose come from the update's own forward pass before the
-    policy moves (none at all when a step is one optimizer step); and ref_logp for a KL term."""
-    for b, lp in zip(batch[mbs:], grpo.compute_old_logprobs(policy, batch[mbs:], g, **kw) if batch[mbs:] else []):
+    policy moves (none at all when a step is one optimizer step); and ref_logp for a KL term. With --rollout-is,
+    every mini-batch's, since the correction needs them before the update: then the engine/trainer gap and the
+    correction (mismatch.py), else {}."""
+    first = mbs if g.rollout_is == "none" else 0
+    for b, lp in zip(batch[first:], grpo.compute_old_logprobs(policy, batch[first:], g, **kw) if batch[first:] else []):
         b.old_logp = lp
     for b, lp in zip(batch, grpo.compute_old_logprobs(ref, batch, g, **kw) if ref is not None else []):
         b.ref_logp = lp
+    if g.rollout_is == "none":
+        return {}
+    return mismatch.measure(batch) | mismatch.correct(batch, g.rollout_is, g.rollout_is_threshold,
+                                                      g.rollout_is_threshold_lower)
 
 
 def gather(obj, world: int) -> list:
@@ -346,8 +353,7 @@ def push_weights(args: Args, eng, policy, own_copy: bool) -> None:
     """The updated weights into the engine (its own copy: fp32, FSDP2 full tensors, LoRA merged), then a flushed
     prefix cache, since KV from the old weights must never be reused."""
     g = args.grpo
-    if args.engine.engine == "sglang":
-        eng.resume_memory()
+    eng.resume_memory()
     if own_copy:  # an engine on the policy's own weights needs none
         eng.update_weights(checkpoint.full_state(policy, g.lora_alpha / g.lora_rank if g.lora_rank else 0.0).items())
     eng.flush_cache()
@@ -357,7 +363,7 @@ def push_weights(args: Args, eng, policy, own_copy: bool) -> None:
 
 def step_metrics(seen, adv_stats, stats, t, world, **extra) -> dict:
     """The step's figures over every rollout (with dynamic sampling, dropped groups too) and every rank: losses
-    and event counts add up over ranks, the rest are rank means."""
+    and event counts add up over ranks, maxima are maxima, the rest are rank means."""
     trajs = [tr for tr, _, _ in seen]
     n, calls = max(1, len(trajs)), sum(tr.num_tool_calls for tr in trajs)
     events = [e for tr in trajs for e in tr.saar_events]
@@ -378,6 +384,7 @@ def step_metrics(seen, adv_stats, stats, t, world, **extra) -> dict:
     if world > 1:
         parts = gather(m, world)
         m = {k: ([x for p in parts for x in p[k]] if isinstance(m[k], list) else
+                 max(p[k] for p in parts) if k.endswith("_max") else
                  sum(p[k] for p in parts) / (1 if k in SUMMED else world)) for k in m}
     return m
 
@@ -391,41 +398,12 @@ def format_line(m: dict) -> str:
     if m.get("skipped_steps"):
         s += f" | fp16 overflow: {m['skipped_steps']} mini-batch(es) skipped, loss scale now {m['loss_scale']:g}"
     s += f" | first_err {m['first_tool_err']:.2f}"
+    if "mismatch_kl" in m:  # the engine's sampling log-probs vs the trainer's (mismatch.py)
+        s += f" | mismatch_kl {m['mismatch_kl']:.1e}" + (f" spliced {m['mismatch_kl_spliced']:.1e}"
+                                                         if m.get("mismatch_tokens_spliced") else "")
     if any(k.startswith("eval_") and k.endswith("_acc") for k in m):
         s += " | eval " + heldout.format_eval(m)
     return s
-
-
-def metric_writer(out: str, args: Args):
-    """metrics.jsonl always, TensorBoard scalars (and the SAAR similarity histogram), wandb only when named."""
-    from torch.utils.tensorboard import SummaryWriter
-    tb = SummaryWriter(os.path.join(out, "tb"))
-    wb = None
-    if args.run.wandb_project:
-        import wandb  # imported only here, so runs without it never need it
-        wb = wandb.init(project=args.run.wandb_project, name=os.path.basename(out), config=config.flat(args))
-
-    def write(m: dict):
-        with open(os.path.join(out, "metrics.jsonl"), "a") as f:
-            f.write(json.dumps(m) + "\n")
-        for k, v in m.items():
-            if isinstance(v, (int, float)) and k != "step":
-                tb.add_scalar(k, v, m["step"])
-            elif isinstance(v, list) and v:
-                tb.add_histogram(k, np.asarray(v, dtype=np.float64), m["step"], bins=np.linspace(0, 1, 21))
-        tb.flush()
-        if wb is not None:
-            wb.log(m, step=m["step"])
-    return write
-
-
-def dump_rollouts(path: str, seen, tokenizer) -> None:
-    with open(path, "w") as f:
-        for tr, r, _ in seen:
-            f.write(json.dumps(dict(meta=tr.meta, reward=r, prompt=tokenizer.decode(tr.prompt_ids), response=tr.text,
-                                    finish_reason=tr.finish_reason, truncated=tr.truncated, turns=tr.turns,
-                                    saar=tr.saar, saar_events=tr.saar_events, num_tool_calls=tr.num_tool_calls,
-                                    num_tool_errors=tr.num_tool_errors, response_len=len(tr.response_ids))) + "\n")
 
 
 def finish(args: Args, out, start_step, policy, tokenizer, master, saving, sandbox, eng, loop, world, log, t_run) -> None:

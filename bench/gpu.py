@@ -10,6 +10,11 @@ download, no network; random weights cost the same FLOPs as trained ones):
     update     grpo.update: one mini-batch, packed micro-batches, AdamW
     sync       engine.update_weights of every parameter into the engine's own copy of the model
 
+and whether the engine and the trainer agree: mismatch_kl is mismatch.py's KL between the engine's sampling
+log-probs and the trainer's old log-probs, on a rollout that follows a weight push; stale_kl is the same after
+an update whose push was skipped (a control step, after the measured ones). A weight sync that works gives
+mismatch_kl well below stale_kl (the --lr default moves the policy far enough to tell).
+
 and SAAR's cost: regenerating one turn of T tokens after a long shared prefix (the conversation so
 far), with the engine reusing the prefix's KV (HFEngine's prefix cache, SGLang's RadixAttention) and
 after engine.flush_cache(), when the prefix must be prefilled again. ttft_* is the same with T = 1,
@@ -48,6 +53,7 @@ import torch  # noqa: E402
 import config  # noqa: E402
 import engine as engine_mod  # noqa: E402
 import grpo  # noqa: E402
+import mismatch  # noqa: E402
 import precision  # noqa: E402
 from engine import SamplingParams  # noqa: E402
 
@@ -138,12 +144,14 @@ def generate_all(eng, prompts: list[list[int]], n: int, seed: int):
 
 
 def step(policy, opt, sched, eng, g, *, batch: int, prompt_len: int, gen_len: int, vocab: int, micro: int,
-         device: torch.device, seed: int, grad_ckpt: bool) -> dict:
-    """One training step on synthetic trajectories; seconds per phase and token counts."""
+         device: torch.device, seed: int, grad_ckpt: bool, push: bool = True) -> dict:
+    """One training step on synthetic trajectories; seconds per phase, token counts, the engine/trainer gap.
+    push=False skips the weight push (the stale-engine control)."""
     prompts = [rand_ids(g, prompt_len, vocab) for _ in range(batch)]
     outs, t_roll = timed(lambda: generate_all(eng, prompts, gen_len, seed), device)
     trajs = [grpo.TrainSeq(input_ids=p + o.token_ids, loss_mask=[0] * len(p) + [1] * len(o.token_ids),
-                             advantage=float(torch.randn((), generator=g))) for p, o in zip(prompts, outs)]
+                           advantage=float(torch.randn((), generator=g)), rollout_logp=[0.0] * len(p) + o.logprobs)
+             for p, o in zip(prompts, outs)]
     cfg = config.Grpo(max_tokens_per_micro=micro, gradient_checkpointing=grad_ckpt)
     old, t_old = timed(lambda: grpo.compute_old_logprobs(policy, trajs, cfg, temperature=1.0), device)
     for t, lp in zip(trajs, old):
@@ -152,8 +160,10 @@ def step(policy, opt, sched, eng, g, *, batch: int, prompt_len: int, gen_len: in
                                           temperature=1.0, scaler=precision.LossScaler()), device)
     if not math.isfinite(st["loss"]):
         raise SystemExit(f"bench/gpu.py: the update's loss is {st['loss']}")
-    _, t_sync = timed(lambda: eng.update_weights(policy.named_parameters()), device)
-    return dict(t_rollout=t_roll, t_old_logp=t_old, t_update=t_upd, t_sync=t_sync,
+    _, t_sync = timed(lambda: eng.update_weights(policy.named_parameters()) if push else None, device)
+    gap = mismatch.measure(trajs)  # the engine/trainer gap on this rollout, sampled after the last push
+    return dict(t_rollout=t_roll, t_old_logp=t_old, t_update=t_upd, t_sync=t_sync, mismatch_kl=gap["mismatch_kl"],
+                mismatch_out=gap["mismatch_out"],
                 gen_tokens=sum(len(o.token_ids) for o in outs), update_tokens=st["tokens"],
                 micro_batches=st["n_micro_batches"])
 
@@ -209,6 +219,8 @@ def main():
     p.add_argument("--regen-reps", type=int, default=3, help="repetitions of each regeneration timing (median)")
     p.add_argument("--peak-tflops", type=float, help="the device's dense peak for this dtype, for MFU")
     p.add_argument("--sglang-mem", type=float, default=0.35, help="SGLang mem_fraction_static (trainer shares the GPU)")
+    p.add_argument("--lr", type=float, default=1e-3, help="AdamW lr: a step that moves the policy enough that a "
+                   "stale engine would show (the timings do not depend on it)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -235,7 +247,7 @@ def main():
           f"(peak {peak:g} TFLOP/s), engine {kind}")
     print(f"step: {args.batch} prompts x {args.prompt_len} tokens, {args.gen_len} new tokens each, "
           f"micro-batch budget {args.micro_tokens} tokens")
-    opt, sched = grpo.make_optimizer(policy, lr=1e-6, warmup_steps=1)
+    opt, sched = grpo.make_optimizer(policy, lr=args.lr, warmup_steps=1)
     g = torch.Generator().manual_seed(args.seed)
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
         eng = make_engine(kind, policy, args, tmp)
@@ -251,7 +263,13 @@ def main():
                 runs.append(r)
                 print(f"step {i + 1}: rollout {r['t_rollout']:.2f}s ({r['gen_tokens']} tokens) | old_logp "
                       f"{r['t_old_logp']:.2f}s | update {r['t_update']:.2f}s ({r['update_tokens']} tokens, "
-                      f"{r['micro_batches']} micro-batches) | sync {r['t_sync']:.3f}s")
+                      f"{r['micro_batches']} micro-batches) | sync {r['t_sync']:.3f}s | mismatch_kl "
+                      f"{r['mismatch_kl']:.2e} ({r['mismatch_out']:.2%} of tokens outside [0.5, 2])")
+            # the control: an update whose weight push is skipped, then a rollout on the stale engine
+            step(policy, opt, sched, eng, g, batch=args.batch, prompt_len=args.prompt_len, gen_len=args.gen_len,
+                 seed=10**7, push=False, **kw)
+            stale_kl = step(policy, opt, sched, eng, g, batch=args.batch, prompt_len=args.prompt_len,
+                            gen_len=args.gen_len, seed=10**7 + 1, **kw)["mismatch_kl"]
             eng.flush_cache()
             rg = regen_cost(eng, g, prefix_len=args.prefix_len, turn_len=args.regen_len, vocab=vocab,
                             reps=args.regen_reps, device=device)
@@ -263,6 +281,11 @@ def main():
     upd_tok_s = mean["update_tokens"] / mean["t_update"]
     mfu = 6.0 * n_params * upd_tok_s / (peak * 1e12)
     regen_speedup = rg["regen_cold_s"] / rg["regen_prefix_s"]
+    kl = runs[-1]["mismatch_kl"]  # the last measured step: its rollout followed an update and a push
+    print(f"weight sync: mismatch KL {kl:.2e} after an update and a weight push, {stale_kl:.2e} after a skipped "
+          f"push: " + ("the engine samples from the trainer's weights" if kl < stale_kl / 10 else
+             "CHECK THE WEIGHT PUSH: the engine is about as far from the trainer as a stale one (or the update "
+             "moved too little to tell: raise --lr)"))
     print(f"rollout {roll_tok_s:.0f} tok/s | update {upd_tok_s:.0f} tok/s, "
           f"{6.0 * n_params * upd_tok_s / 1e12:.1f} TFLOP/s, MFU {mfu:.3f}")
     hits = f", {rg['hit_tokens']} prefix tokens reused" if rg["hit_tokens"] >= 0 else ""
@@ -272,7 +295,8 @@ def main():
           f"({rg['ttft_cold_s'] / rg['ttft_prefix_s']:.2f}x)")
     print(f"bench: gpu size={args.size} engine={kind} rollout_tok_s={roll_tok_s:.0f} update_tok_s={upd_tok_s:.0f} "
           f"mfu={mfu:.3f} regen_prefix_s={rg['regen_prefix_s']:.4f} regen_cold_s={rg['regen_cold_s']:.4f} "
-          f"regen_speedup={regen_speedup:.2f} t_rollout={mean['t_rollout']:.3f} t_old_logp={mean['t_old_logp']:.3f} "
+          f"regen_speedup={regen_speedup:.2f} mismatch_kl={kl:.3e} stale_kl={stale_kl:.3e} "
+          f"t_rollout={mean['t_rollout']:.3f} t_old_logp={mean['t_old_logp']:.3f} "
           f"t_update={mean['t_update']:.3f} t_sync={mean['t_sync']:.4f} "
           f"ttft_prefix_s={rg['ttft_prefix_s']:.4f} ttft_cold_s={rg['ttft_cold_s']:.4f}")
 

@@ -17,6 +17,7 @@ import torch.multiprocessing as mp
 import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import checkpoint  # noqa: E402
 import config  # noqa: E402
 import grpo  # noqa: E402
 import packing  # noqa: E402
@@ -731,7 +732,7 @@ def test_lora_starts_at_the_model_trains_only_adapters_and_merges_exactly():
     assert any(state[k].abs().sum() > 0 for k in state if ".lora_B." in k)  # the adapters moved
     after = model(input_ids=ids).logits.detach()
     assert not torch.allclose(after, before)
-    merged = grpo.merge_lora(state, scale=8.0 / 4)
+    merged = checkpoint.merge_lora(state, scale=8.0 / 4)
     assert set(merged) == set(frozen)
     plain = tiny_model("qwen3", seed=2)
     plain.load_state_dict(merged)

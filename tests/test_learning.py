@@ -222,11 +222,9 @@ def test_tool_tokens_get_no_gradient_and_saar_splice_does():
     rewards = [1.0 if reward.grade("math", t.final_text(tok), answer="42") else -1.0 for t in trajs]
     assert rewards == [1.0, -1.0]
     adv, _ = grpo.compute_advantages(rewards, [0, 0])
-    batch = []
-    for t, a in zip(trajs, adv.tolist()):
-        isw = None if t.is_weight is None else [1.0] * len(t.prompt_ids) + t.is_weight
-        batch.append(grpo.TrainSeq(input_ids=t.prompt_ids + t.response_ids,
-                                     loss_mask=[0] * len(t.prompt_ids) + t.loss_mask, advantage=a, is_weight=isw))
+    batch = [grpo.TrainSeq.of(t, a) for t, a in zip(trajs, adv.tolist())]
+    for b, t, at in zip(batch, trajs, spliced_at):  # the spliced tokens are marked, as the monitor reads them
+        assert [i - len(t.prompt_ids) for i, s in enumerate(b.spliced) if s] == list(at)
     model = load_model("tiny-qwen3")  # random weights, built once from a fixed seed
     for b, lp in zip(batch, grpo.compute_old_logprobs(model, batch, CFG, temperature=1.0)):
         b.old_logp = lp

@@ -188,13 +188,26 @@ def test_stateful_session_rollback_restores_state(tok, sb):
     assert "ZeroDivisionError" not in traj.text
 
 
-def test_importance_correction_token_mode(tok, sb):
-    cfg = config.Saar(is_mode="token", is_cap=2.0)
+def test_saar_marks_the_tokens_it_splices_in(tok, sb):
+    """Trajectory.spliced is 1 exactly on the tokens sampled with an error in context that the final sequence
+    lacks: a shallow fix's new call (its reasoning was sampled on the clean context), a deep fix's whole turn."""
     bad, fixed = call("print(sum(range(10))"), call("print(sum(range(10)))", "fix\n")
-    traj, _, _ = run(tok, sb, [bad, fixed, "\\boxed{45}<|im_end|>"], saar=cfg)
-    assert traj.is_weight is not None and len(traj.is_weight) == len(traj.response_ids)
-    # the scripted score equals the sampled log-prob, so every weight is exactly 1
-    assert set(traj.is_weight) == {1.0}
+    traj, _, _ = run(tok, sb, [bad, fixed, "\\boxed{45}<|im_end|>"], saar=SAAR)
+    assert [e["kind"] for e in traj.saar_events] == ["shallow"]
+    first = ids(tok, bad)
+    k = saar.split_turn(first, tokenizer=tok, syntax=rollout.CallSyntax("hermes"))
+    new_call = ids(tok, fixed)[saar.split_turn(ids(tok, fixed), tokenizer=tok, syntax=rollout.CallSyntax("hermes")):]
+    assert traj.response_ids[:k + len(new_call)] == first[:k] + new_call
+    assert traj.spliced[:k + len(new_call)] == [0] * k + [1] * len(new_call)
+    assert sum(traj.spliced) == len(new_call) and len(traj.spliced) == len(traj.response_ids)
+    deep = call("import math\nprint(math.factorial(4))", "A whole other way, from scratch.\n")
+    traj, _, _ = run(tok, sb, [call("print(undefined_x)"), deep, "\\boxed{24}<|im_end|>"],
+                     saar=config.Saar(gamma=0.99))  # the calls share their JSON wrapper: deep only above it
+    assert [e["kind"] for e in traj.saar_events] == ["deep"]
+    n = len(ids(tok, deep))
+    assert traj.spliced[:n] == [1] * n and sum(traj.spliced) == n
+    plain, _, _ = run(tok, sb, [call("print(undefined_x)"), deep, "\\boxed{24}<|im_end|>"])  # SAAR off: none
+    assert set(plain.spliced) == {0} and len(plain.spliced) == len(plain.response_ids)
 
 
 def test_gated_retries_stay_within_the_response_budget(tok, sb):
@@ -211,7 +224,7 @@ def test_gated_retries_stay_within_the_response_budget(tok, sb):
 
 
 def test_importance_correction_refuses_a_temperature_it_cannot_match(tok, sb):
-    cfg = config.Saar(is_mode="token")
+    cfg = config.Saar(is_mode="gate")
     with pytest.raises(ValueError, match="needs temperature 1.0, got 0.7"):
         run(tok, sb, [call("print(1)")], saar=cfg, temperature=0.7)
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import checkpoint
 import config
 import reward
 import train
@@ -81,6 +82,10 @@ def test_kill_mid_step_then_resume_is_bit_identical(tmp_path):
     dumped = (tmp_path / "ref" / "rollouts" / "step_000002.jsonl").read_text().splitlines()
     assert len(dumped) == 2 and "saar_events" in json.loads(dumped[0])
     assert "step    2 | reward" in out_ref
+    # the engine/trainer monitor of an ordinary run (the first mini-batch's old log-probs from the update's own
+    # pass): under the bound of an fp32 run, 1e-9, and quiet (tests/test_mismatch.py has the stale control)
+    assert all(0 <= a[s]["mismatch_kl"] < 1e-9 and a[s]["mismatch_tokens"] > 0 for s in (1, 2))
+    assert "warning: step" not in out_ref and "| mismatch_kl " in out_ref
 
 
 def poison_updates(monkeypatch, bad) -> list:
@@ -345,7 +350,7 @@ def test_lora_run_saves_a_plain_model_with_the_adapters_merged(tmp_path, monkeyp
             assert torch.equal(v, start[k.replace(".base_layer.", ".")]), k
     saved = load_file(tmp_path / "lora" / "hf" / "model.safetensors")
     assert saved and not any(".lora_" in k or ".base_layer." in k for k in saved)
-    merged = grpo.merge_lora(ckpt, 8.0 / 4)
+    merged = checkpoint.merge_lora(ckpt, 8.0 / 4)
     for k, v in saved.items():
         torch.testing.assert_close(v, merged[k])
 
