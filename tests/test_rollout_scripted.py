@@ -8,18 +8,13 @@ import pytest
 import config
 import rollout
 import saar
-from data.models import load_tokenizer
 from fakes import ScriptedEngine
 from sandbox import Sandbox
 
 
 @pytest.fixture(scope="module")
-def tok():
-    return load_tokenizer("tiny-qwen3")
-
-
-@pytest.fixture(scope="module")
 def sb():
+    """Two slots and a 2 s limit, unlike conftest's (tok comes from conftest)."""
     with Sandbox(slots=2, timeout_s=2.0) as s:
         yield s
 
