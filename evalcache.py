@@ -25,7 +25,8 @@ NOT_IN_EVAL = {"run_name", "out_dir", "steps", "resume", "faithful", "eval_only"
                "clip_high", "dual_clip_c", "agg", "norm_adv_std", "dynamic_sampling", "max_sample_rounds", "kl_coef",
                "kl_type", "overlong_buffer", "overlong_penalty", "grad_clip", "max_nonfinite_skips",
                "gradient_checkpointing", "loss_scale", "loss_scale_growth", "offload", "save_every", "dump_rollouts",
-               "wandb_project"}
+               "wandb_project", "rollout_is", "rollout_is_threshold", "rollout_is_threshold_lower",
+               "mismatch_warn_kl"}
 RECORDS = "eval_step000000.jsonl"  # the step-0 per-problem records eval.held_out writes in the run folder
 
 

@@ -70,7 +70,8 @@ def test_the_key_covers_weights_eval_settings_templates_and_code(tmp_path, monke
     key = evalcache.key(args, "tiny-qwen3")
     # training-only settings (one of each section) share the entry
     assert key == evalcache.key(config.replace(args, lr=0.5, saar=False, steps=99, run_name="x", data_order="stratified",
-                                               update_dtype="bfloat16", faithful=True), "tiny-qwen3")
+                                               update_dtype="bfloat16", faithful=True, rollout_is="token",
+                                               mismatch_warn_kl=0.1), "tiny-qwen3")
     for change in (dict(max_turns=2), dict(eval_saar="both"), dict(seed=4), dict(temperature=0.9), dict(gamma=0.7),
                    dict(eval_data="synth"), dict(tool_memory_mb=512), dict(math_grader="strict-box")):
         assert evalcache.key(config.replace(args, **change), "tiny-qwen3") != key, change
