@@ -319,8 +319,9 @@ def update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, 
             # old log-probs not given (first mini-batch only): the policy has not moved yet, so they are this
             # very forward pass, detached; the ratio is exactly 1 and the gradient that of the surrogate
             old = torch.where(micro.old_known, micro.old_logp, logp.detach())
-            for i, part in zip(micro.index if not micro.old_known.all() else [], micro.per_sequence(old.cpu())):
-                mini[i].old_logp = part if mini[i].old_logp is None else mini[i].old_logp  # for the monitor
+            if any(mini[i].old_logp is None for i in micro.index):  # the first mini-batch: kept for the monitor
+                for i, part in zip(micro.index, micro.per_sequence(old.cpu())):
+                    mini[i].old_logp = part if mini[i].old_logp is None else mini[i].old_logp
             loss, st = policy_loss(logp, old, micro.adv, micro.loss_mask, clip_low=cfg.clip_low,
                                    clip_high=cfg.clip_high, dual_clip_c=cfg.dual_clip_c or None, agg=cfg.agg,
                                    is_weight=micro.is_weight, ref_logp=micro.ref_logp, kl_coef=cfg.kl_coef,

@@ -22,13 +22,12 @@ import torch
 OUT_OF_RANGE = math.log(2.0)  # a token whose ratio pi_old/pi_rollout leaves [0.5, 2]
 
 
-def _log_ratios(t) -> tuple[torch.Tensor, torch.Tensor]:
-    """(d, spliced) over one TrainSeq's tokens with loss mask 1: d = log pi_old - log pi_rollout (M,), clamped to
-    [-20, 20] as veRL clamps it, in float64 (a k3 of 1e-13 must not round to 0); spliced (M,) bool."""
+def _log_ratio(t) -> tuple[torch.Tensor, torch.Tensor]:
+    """(d, mask) of one TrainSeq: d = log pi_old - log pi_rollout (L,), 0 (ratio 1) where the loss mask is 0 and
+    clamped to [-20, 20] as veRL clamps it, in float64 (a k3 of 1e-13 must not round to 0); mask (L,) bool."""
     mask = torch.as_tensor(t.loss_mask, dtype=torch.bool)
     d = torch.as_tensor(t.old_logp, dtype=torch.float64) - torch.as_tensor(t.rollout_logp, dtype=torch.float64)
-    spliced = torch.as_tensor(t.spliced if t.spliced is not None else [0] * len(mask), dtype=torch.bool)
-    return d[mask].clamp(-20.0, 20.0), spliced[mask]
+    return torch.where(mask, d, 0.0).clamp(-20.0, 20.0), mask
 
 
 def measure(batch) -> dict:
@@ -36,7 +35,12 @@ def measure(batch) -> dict:
     the mean k3 estimate of KL(pi_rollout || pi_old), the mean and max |log pi_old - log pi_rollout|, and the share
     of tokens whose ratio leaves [0.5, 2]; for ordinary tokens (mismatch_*) and for SAAR's spliced ones
     (mismatch_*_spliced), with their counts. Sequences without rollout log-probs are skipped."""
-    parts = [_log_ratios(t) for t in batch if t.rollout_logp is not None and t.old_logp is not None]
+    parts = []
+    for t in batch:
+        if t.rollout_logp is not None and t.old_logp is not None:
+            d, mask = _log_ratio(t)
+            spliced = torch.as_tensor(t.spliced if t.spliced is not None else [0] * len(mask), dtype=torch.bool)
+            parts.append((d[mask], spliced[mask]))  # (M,) each: the tokens with loss mask 1
     if not parts:
         return {}
     d, spliced = (torch.cat(x) for x in zip(*parts))
@@ -64,13 +68,12 @@ def correct(batch, mode: str, threshold: float, lower: float = 0.0) -> dict:
     lo = math.log(lower if lower > 0 else 1.0 / threshold)
     clipped = dropped = dropped_tokens = tokens = 0
     for t in batch:
-        mask = torch.as_tensor(t.loss_mask, dtype=torch.bool)
-        d = torch.as_tensor(t.old_logp, dtype=torch.float32) - torch.as_tensor(t.rollout_logp, dtype=torch.float32)
-        d = torch.where(mask, d, 0.0).clamp(-20.0, 20.0)  # (L,): 0 (ratio 1) where the token is not trained on
+        d, mask = _log_ratio(t)
         tokens += int(mask.sum())
         if mode == "token":
-            t.is_weight = d.exp().clamp(max=threshold)
-            clipped += int((mask & (d.exp() > threshold)).sum())
+            ratio = d.exp()  # (L,), 1 where the token is not trained on
+            t.is_weight = ratio.clamp(max=threshold).float()
+            clipped += int((ratio > threshold).sum())
         elif not lo <= float(d.sum().clamp(-20.0, 20.0)) <= math.log(threshold):
             dropped, dropped_tokens = dropped + 1, dropped_tokens + int(mask.sum())
             t.loss_mask = [0] * len(t.loss_mask)

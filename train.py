@@ -105,7 +105,7 @@ def main(args: Args):
             save(path := os.path.join(out, f"ckpt-nonfinite-step{step + 1}.pt"), step, step_pos)
             raise SystemExit(f"step {step + 1}: {e}\nweights are unchanged by the bad update; saved {path}. "
                              f"The last regular checkpoint is {ckpt_path}.")
-        drift = drift or mismatch.measure(batch)  # engine vs trainer, every sampled token: no forward pass of its own
+        drift = mismatch.measure(batch) if g.rollout_is == "none" else drift  # engine vs trainer, no extra pass
         nonfinite_run = count_nonfinite(stats, nonfinite_run, step, g, log, lambda p: save(p, step + 1, data_pos), out)
         if g.warmup_unit == "train":
             scheduler.step()  # veRL: once per training step, after the update
