@@ -264,9 +264,6 @@ class Engine:
     """hf (transformers, any device) or sglang (GPU: an in-process SGLang engine per rank, colocated)"""
     engine_batch: int = 32
     """most sequences the HF engine decodes at once"""
-    engine_column_major: bool = True
-    """on CPU, the HF engine decodes with its own copy of the weights, linear weights column-major
-    (engine.column_major), refreshed after each update; off: the policy's own weights"""
     sglang_mem_fraction: float = 0.5
     """GPU memory share of each SGLang engine (KV cache and weights; the paper: 0.8 with offloaded training)"""
     sglang_url: str = ""

@@ -11,12 +11,12 @@ talks to an inference engine, so rollout.py / saar.py / eval.py / train.py only 
     engine.release_memory(); engine.resume_memory(); engine.shutdown()
 
 Backends:
-  HFEngine      Hugging Face transformers on CPU (or any torch device). Continuous batching:
-                requests from any trajectory/turn join the running batch at decode-step
-                boundaries and finished rows leave; each row is prefilled alone, then its
-                KV cache is left-padded into the batch cache. A small prefix cache reuses
-                the KV of earlier turns (multi-turn prompts extend the previous turn).
-                On CPU, `column_major` lays a model's linear weights out for faster decode steps.
+  HFEngine      a Hugging Face model (Llama-shaped: Llama, Qwen2, Qwen3) on CPU or any torch
+                device. Continuous batching: requests from any trajectory/turn join the running
+                batch at decode-step boundaries and finished rows leave; each row is prefilled
+                alone into its row of a preallocated batch cache. A small prefix cache reuses
+                the KV of earlier turns (multi-turn prompts extend the previous turn). Its own
+                decoder loop calls the model's modules; on CPU with oneDNN's packed weights.
   SGLangEngine  SGLang (GPU), in-process `sglang.Engine` or an HTTP server (`server_url=`).
 
 Log-prob convention (both backends): the log-prob of each sampled token under
@@ -30,7 +30,7 @@ a T != 1 sample recomputes them (or calls score()).
 Seeds: a request with `seed` draws from its own torch.Generator. With deterministic=True
 (HF: every request runs alone; SGLang: enable_deterministic_inference) the same request and
 seed give the same tokens whatever else is in flight. In batched HF mode the draws are the
-same but the logits can differ in the last bits with the batch's padding, so a near-tie
+same but the logits can differ in the last bits with the batch's make-up, so a near-tie
 can flip. Requests without a seed use torch's global generator.
 
 Departures from the paper's setup: the CPU backend exists so that the whole pipeline runs
@@ -41,13 +41,13 @@ matching tokens are kept, never trimmed (SGLang: no_stop_trim=True).
 from __future__ import annotations
 
 import asyncio
-import inspect
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 
 @dataclass
@@ -111,21 +111,28 @@ class HFEngine:
 
     One worker thread owns every forward pass, so the asyncio loop that awaits `generate`
     (and runs sandbox calls for other trajectories) is never blocked. Each decode step feeds
-    one token per running row: rows are right-aligned in a shared DynamicCache (left
-    padding, explicit position_ids and a 2-D attention mask); new requests are prefilled
-    alone (no padding, so no masked query rows) and their KV is padded into the batch;
-    finished rows are sliced out and all-padding columns trimmed.
+    one token per running row. The batch cache is one zeroed buffer, rows x positions, that
+    grows in steps and is never rebuilt per step: row b holds its tokens at positions
+    [0, len_b), so a token's cache column is its position and a step writes every row's
+    new KV in place; a new request is prefilled alone straight into the next free row; a
+    finished row's place is taken by the last row. Per step the time goes to the matrix
+    products, which read every weight once (what bounds a 135M model on a CPU), so the
+    weights are packed for oneDNN rather than the step compiled (docs/speed.md profiles it).
 
     deterministic=True runs every request alone (batch of 1) with its own seeded generator
     and no prefix-cache reuse, so its tokens depend only on (weights, input_ids, params).
     """
 
     def __init__(self, model, tokenizer, *, max_batch: int = 16, device=None, deterministic: bool = False,
-                 eos_token_ids=None, prefix_cache_tokens: int = 32768):
+                 eos_token_ids=None, prefix_cache_tokens: int = 32768, pack: bool = True):
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         if getattr(cfg, "use_sliding_window", False) or "sliding_attention" in (getattr(cfg, "layer_types", None) or []):
             raise ValueError("HFEngine supports full-attention models only (this config uses sliding-window "
                              "layers, whose cache cannot be left-padded and trimmed)")
+        layer = getattr(getattr(model, "model", None), "layers", [None])[0]
+        if not all(hasattr(getattr(layer, "self_attn", None), n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")):
+            raise ValueError(f"HFEngine decodes Llama-shaped models (Llama, Qwen2, Qwen3, Mistral: model.layers[i]"
+                             f".self_attn.q_proj ...), not {type(model).__name__}")
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.model = model
@@ -144,10 +151,13 @@ class HFEngine:
                 eos.append(tokenizer.eos_token_id)
             eos_token_ids = eos
         self.eos_token_ids = sorted({int(t) for t in eos_token_ids})
-        # transformers 5 renamed the forward's cache argument; accept both spellings.
-        self._cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self.prefix_cache_tokens = 0 if deterministic else prefix_cache_tokens
-        self._prefix = OrderedDict()  # tuple(token ids) -> [(k, v) per layer], each (1, H, L, D); LRU order
+        self._n_layers, self._n_heads = cfg.num_hidden_layers, cfg.num_attention_heads
+        self._n_kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        self._head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.pack = pack
+        self._pack()
+        self._prefix = OrderedDict()  # tuple(token ids) -> (array, KV (2, L, H_kv, n, D)); LRU order
         self._prefix_size = 0
         self.stats = {"decode_steps": 0, "prefills": 0, "generated_tokens": 0, "max_rows": 0,
                       "joined_running_batch": 0, "prefix_hit_tokens": 0, "cache_rebuilds": 0}
@@ -158,8 +168,8 @@ class HFEngine:
         self._thread: threading.Thread | None = None
         # running batch state (worker thread only)
         self._rows: list[_Req] = []
-        self._cache = None                   # DynamicCache, keys/values (B, H, T, D), rows right-aligned
-        self._lens = torch.zeros(0, dtype=torch.long)  # (B,) valid tokens per row
+        self._kv = None  # the batch cache: keys and values (2, layers, rows, H_kv, C, D); row b's positions [0, lens[b])
+        self._lens = torch.zeros(0, dtype=torch.long)  # (B,) tokens in each running row's cache
         self._last = torch.zeros(0, dtype=torch.long)  # (B,) token to feed next
 
     # ---- public API
@@ -195,10 +205,14 @@ class HFEngine:
                     raise ValueError(f"update_weights: {name} has shape {tuple(p.shape)} in the model, "
                                      f"got {tuple(t.shape)}")
                 p.copy_(t.detach())
+            self._pack()
             self._flush_prefix()
 
     def flush_cache(self) -> None:
+        """Forget every cached KV, and pack the weights again: call it whenever they changed (a trainer that
+        shares the module calls it after each optimizer step)."""
         with self._model_lock:
+            self._pack()
             self._flush_prefix()
 
     def release_memory(self) -> None:  # nothing to give back on CPU
@@ -281,93 +295,67 @@ class HFEngine:
                 with self._model_lock, torch.inference_mode():
                     for r in scores:
                         self._do_score(r)
-                    joined = [j for j in (self._admit(r) for r in gens) if j is not None]
-                    if joined:
-                        self._merge(joined)
+                    for r in gens:
+                        self._admit(r)
                     self._drop_cancelled()
                     if self._rows:
                         self._decode_step()
             except BaseException as e:  # a broken forward must not leave callers hanging
                 for r in self._rows + gens + scores:
                     self._resolve(r, error=e)
-                self._rows, self._cache = [], None
+                self._rows, self._kv = [], None
                 self._lens = self._lens[:0]
                 self._last = self._last[:0]
         err = RuntimeError("engine shut down before this request finished")
         for r in pending:
             self._resolve(r, error=err)
 
-    def _forward(self, ids, position_ids, attention_mask, cache, logits_to_keep):
-        kw = {self._cache_kw: cache} if cache is not None else {}
-        return self.model(input_ids=ids, position_ids=position_ids, attention_mask=attention_mask,
-                          use_cache=cache is not None, logits_to_keep=logits_to_keep, **kw).logits
-
     def _do_score(self, r: _Req):
         if r.fut.done():
             return
         ids = torch.tensor([r.ids], device=self.device)  # (1, T)
         n = len(r.ids)
-        logits = self._forward(ids, None, None, None, n - r.start + 1)[0, :-1].float()  # (n - start, V)
+        logits = self.model(input_ids=ids, use_cache=False, logits_to_keep=n - r.start + 1).logits[0, :-1].float()
         lp = torch.log_softmax(logits, -1).gather(-1, ids[0, r.start:, None])[:, 0]
         self._resolve(r, lp.tolist())
 
-    def _admit(self, r: _Req):
-        """Prefill one request alone (reusing a cached prefix if any) and sample its first
-        token. Returns (request, its single-row cache) if it goes on decoding, else None."""
-        from transformers import DynamicCache
+    def _admit(self, r: _Req) -> None:
+        """Prefill one request alone into the next free cache row (reusing a cached prefix if any) and sample its
+        first token; the row joins the running batch unless that token already finishes it."""
         if r.fut.done():
-            return None
-        n = len(r.ids)
-        hit, kv = self._prefix_lookup(r.ids)
-        cache = DynamicCache(ddp_cache_data=kv) if hit else DynamicCache()
+            return
+        n, slot = len(r.ids), len(self._rows)
+        self._room(slot + 1, n + 1)
+        hit = self._prefix_lookup(r.ids, slot)
         ids = torch.tensor([r.ids[hit:]], device=self.device)  # (1, n - hit)
         pos = torch.arange(hit, n, device=self.device)[None]   # (1, n - hit)
-        logits = self._forward(ids, pos, None, cache, 1)[:, -1].float()  # (1, V)
+        logits = self._run(ids, pos, slot, n)  # (1, V)
         self.stats["prefills"] += 1
         self.stats["prefix_hit_tokens"] += hit
-        self._prefix_put(tuple(r.ids), cache.layers, 0, slice(None, n))  # the prompt's KV
+        self._prefix_put(tuple(r.ids), slot, n)  # the prompt's KV
         tok, lp = self._sample(logits, [r])
         if self._append(r, int(tok[0]), float(lp[0])):
-            return None
+            return
         # counts joins into rows that are already decoding (continuous batching at work)
         self.stats["joined_running_batch"] += any(len(x.out) > 1 for x in self._rows)
-        return r, cache
-
-    def _merge(self, joined):
-        """Add single-row caches to the batch cache, every row right-aligned. They are written into the
-        batch's free rows in place when it has them and room on the left for a longer row; otherwise
-        the batch moves into a new buffer with max_batch rows, in one copy."""
-        caches = [c for _, c in joined]
-        T = max(c.layers[0].keys.shape[2] for c in caches)
-        if self._rows and self._cache.layers[0].has_room(len(caches), T):
-            for i, layer in enumerate(self._cache.layers):
-                layer.add_rows([(c.layers[i].keys, c.layers[i].values) for c in caches], T)
-        else:
-            caches = ([self._cache] if self._rows else []) + caches
-            T = max(c.layers[0].keys.shape[2] for c in caches)
-            self._cache = _slab_cache([[(c.layers[i].keys, c.layers[i].values) for c in caches]
-                                       for i in range(len(caches[0].layers))], T, rows=self.max_batch)
-            self.stats["cache_rebuilds"] += 1
-        self._rows += [r for r, _ in joined]
-        self._lens = torch.cat([self._lens, torch.tensor([len(r.ids) for r, _ in joined])])
-        self._last = torch.cat([self._last, torch.tensor([r.out[-1] for r, _ in joined])])
+        self._rows.append(r)
+        self._lens = torch.cat([self._lens, torch.tensor([n])])
+        self._last = torch.cat([self._last, torch.tensor([r.out[-1]])])
 
     def _decode_step(self):
         B = len(self._rows)
         self.stats["max_rows"] = max(self.stats["max_rows"], B)
-        T = self._cache.layers[0].keys.shape[-2]
-        cols = torch.arange(T + 1)
-        mask = (cols[None] >= (T - self._lens)[:, None]).long().to(self.device)  # (B, T + 1)
-        logits = self._forward(self._last[:, None].to(self.device), self._lens[:, None].to(self.device),
-                                mask, self._cache, 1)[:, -1].float()  # (B, V)
+        T = int(self._lens.max()) + 1
+        self._room(B, T)
+        logits = self._run(self._last[:, None].to(self.device), self._lens[:, None].to(self.device), 0, T)  # (B, V)
         self._lens = self._lens + 1
         self.stats["decode_steps"] += 1
         toks, lps = self._sample(logits, self._rows)
         self._last = toks.cpu()  # one device-to-host copy per step, not one per row
         keep = []
         for i, (r, tok, lp) in enumerate(zip(self._rows, self._last.tolist(), lps.tolist())):
-            if self._append(r, tok, lp):  # finished: keep its KV (the decode slab is right-aligned)
-                self._prefix_put(tuple(r.ids + r.out[:-1]), self._cache.layers, i, slice(-int(self._lens[i]), None))
+            if self._append(r, tok, lp):  # finished: keep its KV for a later turn
+                self._prefix_put(tuple(r.ids + r.out[:-1]), i, int(self._lens[i]))
             else:
                 keep.append(i)
         if len(keep) < B:
@@ -379,17 +367,84 @@ class HFEngine:
             self._select(keep)
 
     def _select(self, keep: list[int]):
-        self._rows = [self._rows[i] for i in keep]
-        if not self._rows:
-            self._cache = None
-            self._lens, self._last = self._lens[:0], self._last[:0]
-            return
-        idx = torch.tensor(keep)
+        """Keep rows `keep`. A leaving row's cache row takes the batch's last row: one row is copied, not the batch."""
+        idx = list(range(len(self._rows)))  # cache row -> the row it held before
+        for g in sorted(set(idx) - set(keep), reverse=True):  # rows after g that leave are gone already
+            last = len(idx) - 1
+            if g != last:
+                n = int(self._lens[idx[last]])
+                self._kv[:, :, g, :, :n] = self._kv[:, :, last, :, :n]
+                idx[g] = idx[last]
+            idx.pop()
+        self._rows = [self._rows[i] for i in idx]
         self._lens, self._last = self._lens[idx], self._last[idx]
-        T = self._cache.layers[0].keys.shape[-2]
-        cut = T - int(self._lens.max())  # leading columns that are padding in every remaining row
-        for layer in self._cache.layers:  # in place: the rows move up, the window's left edge moves right
-            layer.keep_rows(keep, cut)
+        if not self._rows:
+            self._kv = None  # the memory goes back between bursts
+
+    def _room(self, rows: int, cols: int):
+        """Grow the batch cache to hold `rows` rows of `cols` positions (rows to a power of two, up to max_batch;
+        positions to a multiple of 256), keeping what it holds. Zeros, not garbage: a masked position's value
+        still enters the attention product, and 0 * NaN is NaN."""
+        kv = self._kv
+        if kv is not None and rows <= kv.shape[2] and cols <= kv.shape[4]:
+            return
+        R = min(self.max_batch, 1 << (max(rows, 0 if kv is None else kv.shape[2]) - 1).bit_length())
+        C = -(-max(cols, 0 if kv is None else kv.shape[4]) // 256) * 256
+        w = self.model.get_output_embeddings().weight
+        new = torch.zeros(2, self._n_layers, R, self._n_kv, C, self._head_dim, dtype=w.dtype, device=self.device)
+        if kv is not None:
+            new[:, :, :kv.shape[2], :, :kv.shape[4]] = kv
+            self.stats["cache_rebuilds"] += 1
+        self._kv = new
+
+    def _run(self, ids, pos, row: int, T: int):
+        """The decoder over the batch cache. ids, pos: (B, t) new tokens and their positions, written to cache rows
+        row .. row + B - 1 (a prefill: B = 1, a decode step: t = 1); each attends to its row's positions <= its own,
+        of the first T. Returns the last position's logits (B, V), float32. The model's own modules compute all but
+        the attention, so the numerics are the eager model's; oneDNN's packed weights replace nn.Linear's."""
+        m, B, t, D = self.model.model, ids.shape[0], ids.shape[1], self._head_dim
+        G = self._n_heads // self._n_kv  # query heads per KV head
+        x = m.embed_tokens(ids)                # (B, t, E)
+        cos, sin = m.rotary_emb(x, pos)        # (B, t, D)
+        cos, sin = cos[:, :, None], sin[:, :, None]
+        rows = torch.arange(row, row + B, device=self.device)[:, None]  # (B, 1)
+        # the G query heads of a KV head attend together as G * t queries, so no KV head is copied G times
+        mask = torch.arange(T, device=self.device)[None, None] <= pos[:, :, None]     # (B, t, T)
+        mask = mask[:, None].expand(B, G, t, T).reshape(B, 1, G * t, T)
+        for i, layer in enumerate(m.layers):
+            a, K, V = layer.self_attn, self._kv[0, i], self._kv[1, i]  # K, V: (rows, H_kv, C, D)
+            h = layer.input_layernorm(x)
+            q = self._linear(a.q_proj, h).view(B, t, -1, D)  # (B, t, H, D)
+            k = self._linear(a.k_proj, h).view(B, t, -1, D)  # (B, t, H_kv, D)
+            if hasattr(a, "q_norm"):  # Qwen3
+                q, k = a.q_norm(q), a.k_norm(k)
+            q = q * cos + _rotate_half(q) * sin
+            K[rows, :, pos] = k * cos + _rotate_half(k) * sin
+            V[rows, :, pos] = self._linear(a.v_proj, h).view(B, t, -1, D)
+            q = q.view(B, t, -1, G, D).permute(0, 2, 3, 1, 4).reshape(B, -1, G * t, D)  # (B, H_kv, G * t, D)
+            o = F.scaled_dot_product_attention(q, K[row:row + B, :, :T], V[row:row + B, :, :T], attn_mask=mask,
+                                               scale=a.scaling)
+            o = o.view(B, -1, G, t, D).permute(0, 3, 1, 2, 4).reshape(B, t, -1)  # (B, t, H * D)
+            x = x + self._linear(a.o_proj, o)
+            f, h = layer.mlp, layer.post_attention_layernorm(x)
+            x = x + self._linear(f.down_proj, f.act_fn(self._linear(f.gate_proj, h)) * self._linear(f.up_proj, h))
+        return self._linear(self.model.lm_head, m.norm(x[:, -1])).float()
+
+    def _linear(self, mod, x):
+        w = self._packed.get(mod)
+        return mod(x) if w is None else torch.ops.mkldnn._linear_pointwise(x, w, mod.bias, "none", [], "")
+
+    def _pack(self):
+        """oneDNN's packed layout of every nn.Linear weight, on CPU: its matrix products for the few rows of a
+        decode step stream the weights about twice as fast as nn.Linear's (docs/speed.md). A copy, so it is
+        rebuilt after every weight push."""
+        self._packed = {}
+        if not self.pack or self.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+            return
+        with torch.no_grad():
+            for mod in self.model.modules():
+                if type(mod) is torch.nn.Linear and mod.weight.dtype in (torch.float32, torch.bfloat16):
+                    self._packed[mod] = torch.ops.mkldnn._reorder_linear_weight(mod.weight.detach(), self.max_batch)
 
     def _sample(self, logits, rows: list[_Req]):
         """Per-row temperature / top-k / top-p sampling. logits: (B, V) float32.
@@ -442,12 +497,11 @@ class HFEngine:
 
     # ---- prefix cache: KV of earlier prompts/turns, reused when a new prompt extends them
 
-    def _prefix_lookup(self, ids: list[int]):
-        """The cached entry sharing the longest common prefix with ids, cut so that at least
-        one token is left to prefill (we need its logits). Returns (length, [(k, v) per
-        layer] sliced to that length) or (0, None)."""
+    def _prefix_lookup(self, ids: list[int], row: int) -> int:
+        """Copy into cache row `row` the KV of the cached entry sharing the longest common prefix with ids, cut so
+        that at least one token is left to prefill (we need its logits). Returns that length (0: none)."""
         if not self._prefix:
-            return 0, None
+            return 0
         a = np.asarray(ids[:-1])
         best, best_key = 0, None
         for key, (arr, _) in self._prefix.items():
@@ -459,16 +513,16 @@ class HFEngine:
             if lcp > best:
                 best, best_key = lcp, key
         if best_key is None:
-            return 0, None
+            return 0
         self._prefix.move_to_end(best_key)
-        kv = self._prefix[best_key][1]
-        return best, [(k[:, :, :best], v[:, :, :best]) for k, v in kv]
+        self._kv[:, :, row, :, :best] = self._prefix[best_key][1][:, :, :, :best]
+        return best
 
-    def _prefix_put(self, key: tuple, layers, row: int, span: slice):
-        """Keep a copy of the KV of `key`: cache row `row`, positions `span`, of every layer."""
+    def _prefix_put(self, key: tuple, row: int, n: int):
+        """Keep a copy of the KV of `key`: the first n positions of cache row `row`."""
         if key in self._prefix or len(key) > self.prefix_cache_tokens:  # a GRPO group shares its prompt
             return
-        kv = [(l.keys[row:row + 1, :, span].clone(), l.values[row:row + 1, :, span].clone()) for l in layers]
+        kv = self._kv[:, :, row, :, :n].clone()  # (2, L, H_kv, n, D)
         arr = np.asarray(key)
         # An entry that the new one extends can never be the longest match again: drop it, or a
         # multi-turn trajectory would hold one copy of its context per turn and evict the others'.
@@ -486,118 +540,9 @@ class HFEngine:
         self._prefix_size = 0
 
 
-def _slab_cache(layers, T: int, spare: int = 128, rows: int = 0):
-    """A DynamicCache whose layers append, drop rows and take in rows in place. `layers` holds, per
-    layer, a list of (k, v) blocks (b, H, t, D) with t <= T, stacked along the batch and right-aligned
-    to T; the buffers have room for `rows` rows (at least the blocks') and `spare` more time steps."""
-    from transformers import DynamicCache
-    cache = DynamicCache()
-    cache.layers = [_slab_layer_class()(blocks, T, spare, rows) for blocks in layers]
-    return cache
-
-
-_SLAB = None
-
-
-def _slab_layer_class():
-    """transformers' DynamicLayer appends with torch.cat, re-copying the whole batch cache
-    every decode step (at 16 rows x 2k tokens that is ~1.5 GB of copying per step for
-    SmolLM2). This layer keeps keys/values as a view, rows [:B] and time steps [s:n], into
-    buffers (rows, H, C, D) with spare rows and time steps: a decode step writes in place, a
-    finished row is dropped by moving the later rows up and all-padding columns by moving s
-    right, and a joining row goes into a free row. Reallocating the whole batch, which at 32
-    rows of 400 tokens copies ~0.6 GB and took a fifth of a CPU eval, happens only when the
-    spare runs out. The view's values and shape are those a fresh buffer would hold, so the
-    numerics do not change. Built lazily so importing engine.py does not import transformers."""
-    global _SLAB
-    if _SLAB is not None:
-        return _SLAB
-    from transformers.cache_utils import DynamicLayer
-
-    class SlabLayer(DynamicLayer):
-        def __init__(self, blocks, T, spare, rows=0):
-            super().__init__()
-            k0 = blocks[0][0]
-            self.device, self.is_initialized, self.spare = k0.device, True, spare
-            B = sum(k.shape[0] for k, _ in blocks)
-            self.kbuf = k0.new_empty(max(B, rows), k0.shape[1], T + spare, k0.shape[3])
-            self.vbuf = blocks[0][1].new_empty(max(B, rows), k0.shape[1], T + spare, blocks[0][1].shape[3])
-            self.B, self.s, self.n = 0, 0, T  # rows in use; the view's time steps [s, n)
-            self.add_rows(blocks, T)  # zeros, not garbage, on the left: masked positions must never inject NaN/inf
-
-        def _views(self):
-            self.keys = self.kbuf[:self.B, :, self.s:self.n]      # (B, H, n - s, D)
-            self.values = self.vbuf[:self.B, :, self.s:self.n]
-
-        def update(self, key_states, value_states, *args, **kwargs):
-            t = key_states.shape[2]
-            if self.n + t > self.kbuf.shape[2]:  # out of spare room: move into a bigger buffer
-                def grow(x, view):
-                    new = x.new_empty(x.shape[0], x.shape[1], view.shape[2] + t + self.spare, x.shape[3])
-                    new[:self.B, :, :view.shape[2]] = view
-                    return new
-                self.kbuf, self.vbuf = grow(self.kbuf, self.keys), grow(self.vbuf, self.values)
-                self.s, self.n = 0, self.n - self.s
-            self.kbuf[:self.B, :, self.n:self.n + t] = key_states
-            self.vbuf[:self.B, :, self.n:self.n + t] = value_states
-            self.n += t
-            self._views()
-            return self.keys, self.values
-
-        def keep_rows(self, keep: list[int], cut: int):
-            """Keep rows `keep` (ascending), in that order, and drop the first `cut` time steps."""
-            self.s += cut
-            for j, i in enumerate(keep):
-                if i != j:  # j < i: another row's memory, never overlapping
-                    self.kbuf[j, :, self.s:self.n] = self.kbuf[i, :, self.s:self.n]
-                    self.vbuf[j, :, self.s:self.n] = self.vbuf[i, :, self.s:self.n]
-            self.B = len(keep)
-            self._views()
-
-        def has_room(self, b: int, T: int) -> bool:
-            """Whether b more rows fit, the view widened on the left to T time steps."""
-            return self.B + b <= self.kbuf.shape[0] and T - (self.n - self.s) <= self.s
-
-        def add_rows(self, blocks, T: int):
-            """Append rows (b, H, t, D), right-aligned, the view widened to T time steps (has_room)."""
-            if T > self.n - self.s:  # the new columns on the left are padding for the rows already here
-                s = self.n - T
-                self.kbuf[:self.B, :, s:self.s].zero_()
-                self.vbuf[:self.B, :, s:self.s].zero_()
-                self.s = s
-            for k, v in blocks:
-                b, t, r = k.shape[0], k.shape[2], self.B
-                self.kbuf[r:r + b, :, self.s:self.n - t].zero_()
-                self.vbuf[r:r + b, :, self.s:self.n - t].zero_()
-                self.kbuf[r:r + b, :, self.n - t:self.n] = k
-                self.vbuf[r:r + b, :, self.n - t:self.n] = v
-                self.B += b
-            self._views()
-
-    _SLAB = SlabLayer
-    return _SLAB
-
-
-def column_major(model: torch.nn.Module) -> torch.nn.Module:
-    """Store every nn.Linear weight of `model` column-major, in place, and return the model. Each weight keeps its
-    (out, in) shape and values, but its memory holds the contiguous transpose (in, out), so F.linear hands MKL a
-    plain (rows, in) @ (in, out) product instead of a product with a transposed operand. MKL's sgemm for the few
-    rows of a decode step is faster that way: SmolLM2-135M's decode step over 400 cached tokens, on 2 cores, took
-    244 -> 169 ms at 16 rows and 303 -> 260 ms at 32 (bench/rollout.py part 4 compares the tokens/s of batched
-    generation). The results differ from the row-major ones in the last bits (another summation order). A weight
-    tied to an embedding (SmolLM2's lm_head) stays tied. For inference copies: a trained module's optimizer and
-    checkpoints expect contiguous weights."""
-    old = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]  # held, so their ids stay unique
-    linear, new = {id(w) for w in old}, {}
-    with torch.no_grad():
-        for mod in model.modules():
-            for name, p in list(mod._parameters.items()):
-                if p is None or id(p) not in linear:
-                    continue
-                if id(p) not in new:
-                    new[id(p)] = torch.nn.Parameter(p.detach().t().contiguous().t(), requires_grad=p.requires_grad)
-                mod._parameters[name] = new[id(p)]  # every module that holds it: ties survive
-    return model
+def _rotate_half(x):
+    x1, x2 = x.chunk(2, -1)
+    return torch.cat((-x2, x1), -1)
 
 
 # --------------------------------------------------------------------------- SGLang backend

@@ -84,7 +84,7 @@ def build(args: config.Eval):
 
     import rollout
     from data import models
-    from engine import build_engine, column_major
+    from engine import build_engine
     c, e, r = args.common, args.engine, args.rollout
     tok = models.load_tokenizer(c.model)
     fmt = rollout.resolve_tool_format(tok, r.tool_format if args.bench.tools else "none")
@@ -95,8 +95,6 @@ def build(args: config.Eval):
     print(f"eval: {c.model} on {'sglang' if sglang else device}, response budget {budget} tokens, "
           f"{r.max_turns} turns, tool format {fmt}", flush=True)
     model = None if sglang else models.load_model(c.model, dtype=getattr(torch, e.dtype), device=device).eval()
-    if model is not None and device == "cpu" and e.engine_column_major:
-        column_major(model)  # linear weights column-major: MKL runs a decode step's few rows faster (engine.py)
     eng = build_engine(e.engine, tok, model=model, model_path=models.resolve(c.model) if sglang else None,
                        max_batch=e.engine_batch, deterministic=e.deterministic, dtype=e.dtype,
                        mem_fraction_static=e.sglang_mem_fraction, seed=c.seed, server_url=e.sglang_url or None)

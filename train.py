@@ -196,15 +196,12 @@ def build(args: Args, device: str, world: int, log):
         log("dtype: this CPU has no native bfloat16 (AVX512-BF16 or AMX), so bfloat16 runs slower than float32 "
             "here: pass --update-dtype float32 (and --dtype float32)")
     # The HF engine gets its own copy of the weights, refreshed after each update, in a lower --dtype, under FSDP
-    # (which needs whole weights), and on CPU with --engine-column-major; otherwise it reads the policy's own
-    # weights. SGLang (colocated, one engine per rank) holds its own weights and frees its memory in the update.
+    # (which needs whole weights) and with LoRA (the engine takes merged weights); otherwise it reads the policy's
+    # own. SGLang (colocated, one engine per rank) holds its own weights and frees its memory in the update.
     gen_model = None
     if e.engine == "hf":
-        column_major = e.engine_column_major and torch.device(device).type == "cpu"
         gen_model = (models.load_model(model_path, dtype=dtype).to(device).eval()
-                     if world > 1 or dtype != torch.float32 or column_major else policy)
-        if column_major:
-            engine_mod.column_major(gen_model)
+                     if world > 1 or dtype != torch.float32 or g.lora_rank else policy)
     eng = engine_mod.build_engine(e.engine, tokenizer, model=gen_model,
                                   model_path=models.resolve(model_path) if e.engine == "sglang" else None,
                                   max_batch=e.engine_batch, deterministic=e.deterministic, dtype=e.dtype,

@@ -8,8 +8,8 @@ Figures:
      the tokens regenerated, the generated tokens that end up in no trajectory (the replaced
      reasoning or call), and the added wall time (on minus off, over the rollbacks: noisy, since
      the continuations after a rollback differ from the raw ones);
-  4. the same batched requests as in 1 on a copy with column-major linear weights (engine.column_major, as
-     train.py and eval.py decode on CPU) against the row-major model; parts 2 and 3 then use that copy.
+  4. the same batched requests as in 1 with nn.Linear's own weights (HFEngine(pack=False)) against oneDNN's
+     packed copies (the default on CPU, parts 1-3).
 The model is the demo's warm SmolLM2-135M (sft.py's cold start, built once and cached) so that it
 really writes code; `--model` picks another. Errors are injected by a tool wrapper that fails each
 trajectory's first call with a NameError, as a model's typo would.
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import copy
 import dataclasses
 import sys
 import time
@@ -34,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import config  # noqa: E402
 import rollout  # noqa: E402
 from data import models, synth  # noqa: E402
-from engine import HFEngine, SamplingParams, column_major  # noqa: E402
+from engine import HFEngine, SamplingParams  # noqa: E402
 from sandbox import Sandbox  # noqa: E402
 
 
@@ -137,26 +136,25 @@ def main():
         print(f"engine: batched {n_batched / t_batched:.1f} tok/s ({a.requests} requests), "
               f"one at a time {n_single / t_single:.1f} tok/s: {figures['batched_x']:.2f}x", flush=True)
 
-    # ---- 4. the same batched requests, decoded with column-major linear weights
+    # ---- 4. the same batched requests, decoded with nn.Linear's own weights
     if 4 in parts:
         params = [SamplingParams(max_new_tokens=a.new_tokens, seed=i) for i in range(a.requests)]
-        if 1 not in parts:  # the row-major figure, measured here
+        if 1 not in parts:  # the packed figure, measured here
             eng.flush_cache()
             t0 = time.perf_counter()
             outs = loop.run_until_complete(gather(*[eng.generate(p, q) for p, q in zip(prompts, params)]))
             t_batched, n_batched = time.perf_counter() - t0, sum(len(o.token_ids) for o in outs)
-        col = HFEngine(column_major(copy.deepcopy(model)), tok, max_batch=max(a.requests, a.saar_requests))
-        loop.run_until_complete(col.generate(prompts[0], SamplingParams(max_new_tokens=4)))  # warm-up
+        plain = HFEngine(model, tok, max_batch=a.requests, pack=False)
+        loop.run_until_complete(plain.generate(prompts[0], SamplingParams(max_new_tokens=4)))  # warm-up
         t0 = time.perf_counter()
-        outs_c = loop.run_until_complete(gather(*[col.generate(p, q) for p, q in zip(prompts, params)]))
-        t_col, n_col = time.perf_counter() - t0, sum(len(o.token_ids) for o in outs_c)
-        figures["column_major_x"] = (n_col / t_col) / (n_batched / t_batched)
-        same = sum(o.token_ids == c.token_ids for o, c in zip(outs, outs_c))
-        print(f"engine: column-major weights {n_col / t_col:.1f} tok/s, row-major {n_batched / t_batched:.1f} tok/s "
-              f"({a.requests} requests): {figures['column_major_x']:.2f}x; {same} of {a.requests} requests sampled the "
+        outs_p = loop.run_until_complete(gather(*[plain.generate(p, q) for p, q in zip(prompts, params)]))
+        t_plain, n_plain = time.perf_counter() - t0, sum(len(o.token_ids) for o in outs_p)
+        plain.shutdown()
+        figures["packed_x"] = (n_batched / t_batched) / (n_plain / t_plain)
+        same = sum(o.token_ids == c.token_ids for o, c in zip(outs, outs_p))
+        print(f"engine: packed weights {n_batched / t_batched:.1f} tok/s, nn.Linear's {n_plain / t_plain:.1f} tok/s "
+              f"({a.requests} requests): {figures['packed_x']:.2f}x; {same} of {a.requests} requests sampled the "
               f"same tokens", flush=True)
-        eng.shutdown()
-        eng = col  # parts 2 and 3 decode as train.py does on CPU
 
     meter = Meter(eng)
     cfg = config.Rollout(tool_format="markdown", max_turns=4, max_response_tokens=a.budget, temperature=1.0)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from data.models import load_model, load_tokenizer
-from engine import GenOutput, HFEngine, SamplingParams, column_major
+from engine import GenOutput, HFEngine, SamplingParams
 
 TEXTS = ["hello world", "a much longer prompt, with quite a few more bytes in it than the others",
          "x", "def f(x):\n    return x * 2\n", "the quick brown fox jumps over"]
@@ -178,59 +178,23 @@ def test_a_rows_draw_does_not_depend_on_the_other_rows(bytes_mt, engine_of):
         assert alone[0] == together[i] and lp[0] == lps[i]
 
 
-def test_batch_cache_drops_and_takes_rows_in_place_exactly_as_a_fresh_buffer_holds_them():
-    # the decode batch's KV: rows right-aligned, zeros on the left. Dropping, adding and growing work in place;
-    # after each, the view must equal (bit for bit, zeros included) the cache built from scratch
-    from engine import _slab_cache
+def test_rows_leaving_the_batch_cache_leave_every_other_row_its_own_kv(bytes_mt, engine_of):
+    # a leaving row's cache row takes the batch's last row; each remaining request must still find its own KV
+    model, tok = bytes_mt
+    engine = engine_of(model, tok, max_batch=8)
+    reqs = [type("R", (), {"i": i})() for i in range(6)]
+    engine._rows, engine._lens = list(reqs), torch.tensor([5, 9, 3, 7, 4, 6])
+    engine._last = torch.arange(6)
+    engine._room(6, 9)
     torch.manual_seed(0)
-    H, D = 2, 4
-
-    def block(t):
-        return torch.randn(1, H, t, D), torch.randn(1, H, t, D)
-
-    def fresh(rows):
-        T = max(k.shape[2] for k, _ in rows)
-        pad = lambda x: torch.nn.functional.pad(x, (0, 0, T - x.shape[2], 0))  # noqa: E731
-        return torch.cat([pad(k) for k, _ in rows]), torch.cat([pad(v) for _, v in rows])
-
-    def check(layer, rows):
-        k, v = fresh(rows)
-        assert torch.equal(layer.keys, k) and torch.equal(layer.values, v)
-
-    def step(layer, rows):  # a decode step: one new column for every row
-        new = [block(1) for _ in rows]
-        layer.update(torch.cat([k for k, _ in new]), torch.cat([v for _, v in new]))
-        return [(torch.cat([k, nk], 2), torch.cat([v, nv], 2)) for (k, v), (nk, nv) in zip(rows, new)]
-
-    rows = [block(t) for t in (5, 9, 3)]
-    layer = _slab_cache([rows], 9, spare=3, rows=4).layers[0]
-    buf = layer.kbuf
-    check(layer, rows)
-    rows = step(layer, rows)
-    check(layer, rows)
-    layer.keep_rows([0, 2], cut=4)  # the longest row (10 columns) leaves: 4 columns are padding in the rest
-    rows = [rows[0], rows[2]]
-    check(layer, rows)
-    assert layer.has_room(1, 9) and not layer.has_room(1, 11) and not layer.has_room(3, 6)
-    joined = [block(9)]  # longer than the window (6): it widens on the left, over the dropped columns
-    layer.add_rows(joined, 9)
-    rows += joined
-    check(layer, rows)
-    joined = [block(2)]
-    layer.add_rows(joined, 9)
-    rows += joined
-    check(layer, rows)
-    assert layer.kbuf is buf  # all of it in the same buffer
-    assert not layer.has_room(1, 2)  # 4 rows: full
-    for _ in range(3):  # past the 3 spare columns: a bigger buffer, the same view
-        rows = step(layer, rows)
-        check(layer, rows)
-    assert layer.kbuf is not buf
-    layer.keep_rows([1, 3], cut=5)  # rows of 7 and 5 columns in a window of 12
-    rows = [rows[1], rows[3]]
-    check(layer, rows)
-    rows = step(layer, rows)
-    check(layer, rows)
+    engine._kv.normal_()
+    before = {r.i: engine._kv[:, :, j, :, :int(n)].clone() for j, (r, n) in enumerate(zip(reqs, engine._lens))}
+    engine._select([0, 2, 3])  # the last row (5) leaves too
+    assert [r.i for r in engine._rows] == [0, 3, 2] and engine._last.tolist() == [0, 3, 2]
+    for j, (r, n) in enumerate(zip(engine._rows, engine._lens)):
+        assert torch.equal(engine._kv[:, :, j, :, :int(n)], before[r.i])
+    engine._select([])
+    assert engine._kv is None and engine._rows == []
 
 
 def test_rows_leaving_and_joining_a_full_batch_decode_as_they_would_alone(bytes_mt, engine_of):
@@ -365,28 +329,43 @@ def test_update_weights_changes_outputs_and_flushes_the_prefix_cache(bytes_mt, e
         engine.update_weights([("not.a.weight", torch.zeros(1))])
 
 
-def test_column_major_weights_keep_values_and_ties_decode_alike_and_take_weight_pushes(mt, engine_of):
+def test_packed_weights_decode_like_the_plain_ones_and_take_weight_pushes(mt, engine_of):
     model, tok = mt
-    cm = column_major(copy.deepcopy(model))
-    ref, got = model.state_dict(), cm.state_dict()
-    assert got.keys() == ref.keys() and all(torch.equal(got[k], ref[k]) for k in ref)  # same values
-    lin = [m.weight for m in cm.modules() if isinstance(m, torch.nn.Linear)]
-    assert len(lin) > 4 and all(w.t().is_contiguous() and not w.is_contiguous() for w in lin)  # the transpose's memory
-    assert cm.lm_head.weight is cm.model.embed_tokens.weight  # the tie survives
     prompts = [tok.encode(t) for t in TEXTS]
     greedy = SamplingParams(temperature=0, max_new_tokens=16)
-    plain, col = engine_of(model, tok, max_batch=8), engine_of(cm, tok, max_batch=8)
-    a, b = run(gen_all(plain, prompts, greedy)), run(gen_all(col, prompts, greedy))
-    assert col.stats["max_rows"] >= 2
+    packed, plain = engine_of(model, tok, max_batch=8), engine_of(model, tok, max_batch=8, pack=False)
+    assert len(packed._packed) > 4 and not plain._packed
+    a, b = run(gen_all(plain, prompts, greedy)), run(gen_all(packed, prompts, greedy))
+    assert packed.stats["max_rows"] >= 2
     for x, y in zip(a, b):  # another summation order: the same tokens, log-probs equal to float32 rounding
         assert x.token_ids == y.token_ids
         torch.testing.assert_close(torch.tensor(y.logprobs), torch.tensor(x.logprobs), atol=1e-4, rtol=0)
-    # a weight push (the trainer's sync after an update) lands in the copy and keeps its layout
+    # a weight push (the trainer's sync after an update) is packed again: the engine samples from the new weights
+    mine = copy.deepcopy(model)
+    eng = engine_of(mine, tok, max_batch=8)
     other = perturbed(model)
-    col.update_weights((n, t.clone()) for n, t in other.named_parameters())
-    assert all(w.t().is_contiguous() for w in lin) and torch.equal(cm.lm_head.weight, other.lm_head.weight)
+    eng.update_weights((n, t.clone()) for n, t in other.named_parameters())
     p = prompts[1]
-    assert run(col.generate(p, greedy)).token_ids == hf_greedy(other, p, 16, col.eos_token_ids)
+    assert run(eng.generate(p, greedy)).token_ids == hf_greedy(other, p, 16, eng.eos_token_ids)
+
+
+def test_smollm2_greedy_tokens_are_the_eager_models_on_demo_prompts(engine_of):
+    # the demo's model on the demo's prompts, batched with rows of different lengths: the engine's own decoder,
+    # packed weights and batch cache give transformers' greedy tokens. A perturbed weight must change them.
+    from data import synth
+    import rollout
+    tok, model = load_tokenizer("smollm2-135m"), load_model("smollm2-135m").eval()
+    prompts = [rollout.prompt_ids(tok, p.problem, p.task, "markdown")
+               for p in synth.make_problems(6, seed=123, difficulty="rl")]
+    greedy = SamplingParams(temperature=0, max_new_tokens=24)
+    outs = run(gen_all(engine_of(model, tok, max_batch=8), prompts, greedy), timeout=300)
+    refs = [hf_greedy(model, p, 24, []) for p in prompts]
+    assert [o.token_ids for o in outs] == [r[:len(o.token_ids)] for o, r in zip(outs, refs)]
+    assert sum(len(o.token_ids) for o in outs) > 60
+    with torch.no_grad():  # the negative control: one weight moved, the same engine code
+        model.model.layers[3].mlp.down_proj.weight.mul_(1.5)
+    moved = run(gen_all(engine_of(model, tok, max_batch=8), prompts, greedy), timeout=300)
+    assert [o.token_ids for o in moved] != [o.token_ids for o in outs]
 
 
 def test_multi_turn_prompts_reuse_the_previous_turns_kv(mt, engine_of):

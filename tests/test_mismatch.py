@@ -76,14 +76,15 @@ def test_bad_values_get_clear_errors(capsys):
 
 
 def test_stale_engine_weights_are_caught_and_said_once(tmp_path, monkeypatch, capsys):
-    """The negative control: the weight push skipped after each update, so step 2 samples from step 0's weights.
+    """The negative control: the weight push skipped after each update, so step 2 samples from step 0's weights
+    (the engine reads the policy's modules, but its packed copies of the linear weights stay step 0's).
     The tiny random model never gets a reward right, so its advantages are 0: AdamW's decoupled weight decay,
-    set large, is what moves the weights. Step 1 (engine and trainer on the same weights) stays under the bound
+    set large, is what moves them. Step 1 (engine and trainer on the same weights) stays under the bound
     of an fp32 run, 1e-9 (measured: about 1e-13); step 2 passes the warning threshold. With --rollout-is token
     on, so that the correction's path (old log-probs of the whole batch before the update) runs too."""
     monkeypatch.setattr(train, "push_weights", lambda *a, **k: None)
     train.main(parse(*SMALL, "--out-dir", str(tmp_path), "--run-name", "stale", "--steps", "2",
-                     "--weight-decay", "1000", "--rollout-is", "token"))
+                     "--weight-decay", "300", "--rollout-is", "token"))
     m, out = metrics(tmp_path / "stale"), capsys.readouterr().out
     assert m[1]["mismatch_kl"] < 1e-9 and m[1]["mismatch_tokens"] > 0 and m[1]["rollout_is_clipped"] == 0
     assert m[2]["mismatch_kl"] > config.Grpo.mismatch_warn_kl
