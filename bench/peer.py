@@ -81,7 +81,10 @@ def main():
                    eos_token_ids=[])
     loop = asyncio.new_event_loop()
     sp = SamplingParams(temperature=0, max_new_tokens=a.new_tokens)
-    gen = lambda ps: loop.run_until_complete(asyncio.gather(*[eng.generate(p, sp) for p in ps]))  # noqa: E731
+
+    async def batch(ps):  # gathered inside the running loop (outside one it would bind to another)
+        return await asyncio.gather(*[eng.generate(p, sp) for p in ps])
+    gen = lambda ps: loop.run_until_complete(batch(ps))  # noqa: E731
     gen(prompts[:2])  # warm-up
     hf = {}
     for b in (1, 16):
@@ -103,8 +106,7 @@ def main():
     if a.peer_python:
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
             json.dump(prompts, f)
-        env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), VLLM_CPU_KVCACHE_SPACE="2",
-                   VLLM_CPU_OMP_THREADS_BIND="all")
+        env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), VLLM_CPU_KVCACHE_SPACE="2")
         run = subprocess.run([a.peer_python, __file__, "--peer", "--prompts", f.name, "--model-dir", path,
                               "--dtype", a.dtype, "--new-tokens", str(a.new_tokens), "--reps", str(a.reps)],
                              capture_output=True, text=True, env=env)
