@@ -128,7 +128,7 @@ class HFEngine:
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         if getattr(cfg, "use_sliding_window", False) or "sliding_attention" in (getattr(cfg, "layer_types", None) or []):
             raise ValueError("HFEngine supports full-attention models only (this config uses sliding-window "
-                             "layers, whose cache cannot be left-padded and trimmed)")
+                             "layers, which its decoder loop does not model)")
         layer = getattr(getattr(model, "model", None), "layers", [None])[0]
         if not all(hasattr(getattr(layer, "self_attn", None), n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")):
             raise ValueError(f"HFEngine decodes Llama-shaped models (Llama, Qwen2, Qwen3, Mistral: model.layers[i]"
@@ -190,9 +190,8 @@ class HFEngine:
 
     def update_weights(self, named_tensors) -> None:
         """Copy (name, tensor) pairs into the model. Tensors that already *are* the model's
-        (the trainer shares this module) are skipped. Always flushes the prefix cache, so a
-        trainer that shares the module must still call this after each optimizer step:
-        cached KV computed by the old weights would otherwise be reused."""
+        (the trainer shares this module) are skipped. Packs the weights again and flushes the
+        prefix cache, as flush_cache does: KV computed by the old weights must never be reused."""
         params = self.model.state_dict(keep_vars=True)  # includes tied names (lm_head.weight)
         with self._model_lock, torch.no_grad():
             for name, t in named_tensors:

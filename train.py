@@ -347,13 +347,15 @@ def count_nonfinite(stats: dict, run: int, step: int, g, log, save, out: str) ->
 
 
 def push_weights(args: Args, eng, policy, own_copy: bool) -> None:
-    """The updated weights into the engine (its own copy: fp32, FSDP2 full tensors, LoRA merged), then a flushed
-    prefix cache, since KV from the old weights must never be reused."""
+    """The updated weights into the engine (its own copy: fp32, FSDP2 full tensors, LoRA merged), which flushes its
+    prefix cache, since KV from the old weights must never be reused. An engine on the policy's own weights needs
+    no copy, only the flush (the HF engine also packs the new weights again there)."""
     g = args.grpo
     eng.resume_memory()
-    if own_copy:  # an engine on the policy's own weights needs none
+    if own_copy:
         eng.update_weights(checkpoint.full_state(policy, g.lora_alpha / g.lora_rank if g.lora_rank else 0.0).items())
-    eng.flush_cache()
+    else:
+        eng.flush_cache()
 
 
 # ---------------------------------------------------------------------- log

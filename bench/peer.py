@@ -125,8 +125,9 @@ def main():
             agree = [next((i for i, (x, y) in enumerate(zip(h, v)) if x != y), len(h))
                      for h, v in zip(hf_tokens, res["tokens"])]
             figures["same_tokens"] = sum(n == a.new_tokens for n in agree)
-            print(f"greedy: {figures['same_tokens']} of 16 continuations the same for all {a.new_tokens} tokens; "
-                  f"the others part after {sorted(n for n in agree if n < a.new_tokens)} tokens", flush=True)
+            parted = sorted(n for n in agree if n < a.new_tokens)
+            print(f"greedy: {figures['same_tokens']} of 16 continuations the same for all {a.new_tokens} tokens"
+                  + (f"; the others part after {parted} tokens" if parted else ""), flush=True)
     print("bench: peer " + " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
                                     for k, v in figures.items()))
 

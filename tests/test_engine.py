@@ -110,7 +110,7 @@ def test_logprobs_match_a_fresh_forward_also_for_rows_joining_mid_batch(mt, engi
 
 
 def test_long_generations_outgrow_the_cache_buffer(bytes_mt, engine_of):
-    # the batch cache keeps 128 spare steps; 300 tokens forces it to move into bigger buffers
+    # the batch cache grows 256 positions at a time; 300 tokens force it to move into bigger buffers
     model, tok = bytes_mt
     engine = engine_of(model, tok, eos_token_ids=[])
     prompts = [tok.encode(t) for t in TEXTS[:2]]
