@@ -1060,13 +1060,14 @@ def _zygote_main() -> None:
 
 
 def _preload() -> None:
-    """Import and exercise what model code usually needs, so forks find it warm (caches included)."""
+    """Import and exercise what model code usually needs, so forks find it warm (caches included), and so a
+    fallback uid that cannot read the interpreter's folder still has it (unittest.mock: the LCB harness)."""
     import numpy
     import sympy
     for name in ("cmath", "fractions", "decimal", "statistics", "heapq", "bisect", "datetime", "typing",
                  "dataclasses", "copy", "textwrap", "array", "hashlib", "string", "pprint", "enum", "numbers",
                  "unicodedata", "csv", "glob", "base64", "collections.abc", "itertools", "queue", "calendar", "secrets",
-                 "uuid", "gzip", "timeit", "unittest", "encodings.idna", "multiprocessing.pool",
+                 "uuid", "gzip", "timeit", "unittest.mock", "encodings.idna", "multiprocessing.pool",
                  "multiprocessing.popen_fork", "multiprocessing.queues", "multiprocessing.synchronize",
                  "multiprocessing.shared_memory", "concurrent.futures.process", "sympy.abc", "sympy.parsing.sympy_parser",
                  "mpmath"):

@@ -82,6 +82,13 @@ def test_lcb_official_timeouts_are_per_test_in_one_process(sb):
     assert grade_code(fenced(READ + "print(sum(xs))"), SUM, sandbox=sb, per_test_s=0.3, lcb_grader="official")
 
 
+def test_lcb_official_grades_on_the_fallback_layers_too():
+    # without bwrap the code runs as a uid that may not read the interpreter's folder (a pyenv Python under a 0700
+    # /root): what the harness imports must be preloaded, or every program fails
+    with Sandbox(slots=1, use_bwrap=False) as fallback:
+        assert grade_code(fenced(READ + "print(sum(xs))"), SUM, sandbox=fallback, lcb_grader="official")
+
+
 def test_extract_code_lcb_is_upstreams_last_fence_pair():
     assert extract_code_lcb("a\n```python\nx = 1\n```\nb\n```py\ny = 2\n```") == "y = 2"
     assert extract_code_lcb("```python\nx = 1\n```\nsee ```this``` note\n") == ""  # any line with ``` is a fence
