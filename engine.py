@@ -399,8 +399,8 @@ class HFEngine:
     def _run(self, ids, pos, row: int, T: int):
         """The decoder over the batch cache. ids, pos: (B, t) new tokens and their positions, written to cache rows
         row .. row + B - 1 (a prefill: B = 1, a decode step: t = 1); each attends to its row's positions <= its own,
-        of the first T. Returns the last position's logits (B, V), float32. The model's own modules compute all but
-        the attention, so the numerics are the eager model's; oneDNN's packed weights replace nn.Linear's."""
+        of the first T. Returns the last position's logits (B, V), float32. The model's own modules compute the
+        embedding, norms, rotary and activation; its linear layers are _pack's fused copies (q|k|v, gate|up)."""
         m, B, t, D = self.model.model, ids.shape[0], ids.shape[1], self._head_dim
         G = self._n_heads // self._n_kv  # query heads per KV head
         x = m.embed_tokens(ids)                # (B, t, E)
@@ -410,40 +410,48 @@ class HFEngine:
         # the G query heads of a KV head attend together as G * t queries, so no KV head is copied G times
         mask = torch.arange(T, device=self.device)[None, None] <= pos[:, :, None]     # (B, t, T)
         mask = mask[:, None].expand(B, G, t, T).reshape(B, 1, G * t, T)
+        H, Hkv = self._n_heads, self._n_kv
         for i, layer in enumerate(m.layers):
             a, K, V = layer.self_attn, self._kv[0, i], self._kv[1, i]  # K, V: (rows, H_kv, C, D)
-            h = layer.input_layernorm(x)
-            q = self._linear(a.q_proj, h).view(B, t, -1, D)  # (B, t, H, D)
-            k = self._linear(a.k_proj, h).view(B, t, -1, D)  # (B, t, H_kv, D)
+            qkv_w, o_w, gate_up_w, down_w = self._w[i]
+            qkv = self._mm(layer.input_layernorm(x), qkv_w).view(B, t, H + 2 * Hkv, D)
+            qk = qkv[:, :, :H + Hkv]
             if hasattr(a, "q_norm"):  # Qwen3
-                q, k = a.q_norm(q), a.k_norm(k)
-            q = q * cos + _rotate_half(q) * sin
-            K[rows, :, pos] = k * cos + _rotate_half(k) * sin
-            V[rows, :, pos] = self._linear(a.v_proj, h).view(B, t, -1, D)
-            q = q.view(B, t, -1, G, D).permute(0, 2, 3, 1, 4).reshape(B, -1, G * t, D)  # (B, H_kv, G * t, D)
+                qk = torch.cat([a.q_norm(qk[:, :, :H]), a.k_norm(qk[:, :, H:])], 2)
+            qk = qk * cos + _rotate_half(qk) * sin  # (B, t, H + H_kv, D)
+            K[rows, :, pos], V[rows, :, pos] = qk[:, :, H:], qkv[:, :, H + Hkv:]
+            q = qk[:, :, :H].reshape(B, t, Hkv, G, D).permute(0, 2, 3, 1, 4).reshape(B, Hkv, G * t, D)
             o = F.scaled_dot_product_attention(q, K[row:row + B, :, :T], V[row:row + B, :, :T], attn_mask=mask,
                                                scale=a.scaling)
-            o = o.view(B, -1, G, t, D).permute(0, 3, 1, 2, 4).reshape(B, t, -1)  # (B, t, H * D)
-            x = x + self._linear(a.o_proj, o)
-            f, h = layer.mlp, layer.post_attention_layernorm(x)
-            x = x + self._linear(f.down_proj, f.act_fn(self._linear(f.gate_proj, h)) * self._linear(f.up_proj, h))
-        return self._linear(self.model.lm_head, m.norm(x[:, -1])).float()
+            o = o.view(B, Hkv, G, t, D).permute(0, 3, 1, 2, 4).reshape(B, t, H * D)
+            x = x + self._mm(o, o_w)
+            gate, up = self._mm(layer.post_attention_layernorm(x), gate_up_w).chunk(2, -1)
+            x = x + self._mm(layer.mlp.act_fn(gate) * up, down_w)
+        return self._mm(m.norm(x[:, -1]), self._head).float()
 
-    def _linear(self, mod, x):
-        w = self._packed.get(mod)
-        return mod(x) if w is None else torch.ops.mkldnn._linear_pointwise(x, w, mod.bias, "none", [], "")
+    def _mm(self, x, w):
+        """x @ w.T + bias, w = (weight, bias) from _pack."""
+        if self._packed:
+            return torch.ops.mkldnn._linear_pointwise(x, w[0], w[1], "none", [], "")
+        return F.linear(x, *w)
 
     def _pack(self):
-        """oneDNN's packed layout of every nn.Linear weight, on CPU: its matrix products for the few rows of a
-        decode step stream the weights about twice as fast as nn.Linear's (docs/speed.md). A copy, so it is
-        rebuilt after every weight push."""
-        self._packed = {}
-        if not self.pack or self.device.type != "cpu" or not torch.backends.mkldnn.is_available():
-            return
+        """The decoder's weights, copied: per layer q|k|v and gate|up as one matrix each, so a layer makes four
+        matrix products, not seven; on CPU in oneDNN's packed layout, whose products for the few rows of a decode
+        step stream the weights about twice as fast as nn.Linear's (docs/speed.md). A copy, so it is rebuilt after
+        every weight push."""
+        p = self.model.lm_head.weight
+        self._packed = (self.pack and self.device.type == "cpu" and torch.backends.mkldnn.is_available()
+                        and p.dtype in (torch.float32, torch.bfloat16))
+
+        def mat(*mods):  # (out, in) weight and its bias
+            w = torch.cat([mod.weight for mod in mods]) if len(mods) > 1 else mods[0].weight
+            b = None if mods[0].bias is None else torch.cat([mod.bias for mod in mods]) if len(mods) > 1 else mods[0].bias
+            return (torch.ops.mkldnn._reorder_linear_weight(w, self.max_batch) if self._packed else w), b
         with torch.no_grad():
-            for mod in self.model.modules():
-                if type(mod) is torch.nn.Linear and mod.weight.dtype in (torch.float32, torch.bfloat16):
-                    self._packed[mod] = torch.ops.mkldnn._reorder_linear_weight(mod.weight.detach(), self.max_batch)
+            self._w = [(mat(a.q_proj, a.k_proj, a.v_proj), mat(a.o_proj), mat(f.gate_proj, f.up_proj), mat(f.down_proj))
+                       for a, f in ((layer.self_attn, layer.mlp) for layer in self.model.model.layers)]
+            self._head = mat(self.model.lm_head)
 
     def _sample(self, logits, rows: list[_Req]):
         """Per-row temperature / top-k / top-p sampling. logits: (B, V) float32.

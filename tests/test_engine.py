@@ -334,7 +334,7 @@ def test_packed_weights_decode_like_the_plain_ones_and_take_weight_pushes(mt, en
     prompts = [tok.encode(t) for t in TEXTS]
     greedy = SamplingParams(temperature=0, max_new_tokens=16)
     packed, plain = engine_of(model, tok, max_batch=8), engine_of(model, tok, max_batch=8, pack=False)
-    assert len(packed._packed) > 4 and not plain._packed
+    assert packed._packed and not plain._packed
     a, b = run(gen_all(plain, prompts, greedy)), run(gen_all(packed, prompts, greedy))
     assert packed.stats["max_rows"] >= 2
     for x, y in zip(a, b):  # another summation order: the same tokens, log-probs equal to float32 rounding
