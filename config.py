@@ -13,10 +13,19 @@ entry script has (docs/departures.md lists each one).
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
 import tyro
+
+# torch's CPU build runs its threads on libgomp, which reads these once, when torch is first imported: so the entry
+# scripts import config before torch. The HF engine decodes on a thread of its own, which gives a process two
+# OpenMP teams and more OpenMP threads than cores; libgomp then lets a waiting thread spin only 100 times before it
+# sleeps, and a decode step's many small products wait on wake-ups (docs/speed.md, the engine's decode step).
+# ACTIVE makes that 1000 spins; GOMP_SPINCOUNT keeps libgomp's default where the threads fit the cores.
+os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")
+os.environ.setdefault("GOMP_SPINCOUNT", "300000")
 
 
 @dataclass
