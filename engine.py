@@ -93,7 +93,7 @@ def check_score_start(ids: list[int], start: int) -> None:
 
 @dataclass
 class _Req:
-    """One pending or running request inside HFEngine's worker thread."""
+    """One pending or running request of HFEngine."""
     kind: str                    # "gen" or "score"
     ids: list[int]
     params: SamplingParams | None
@@ -109,9 +109,12 @@ class _Req:
 class HFEngine:
     """Continuous-batching generation with transformers on CPU.
 
-    One worker thread owns every forward pass, so the asyncio loop that awaits `generate`
-    (and runs sandbox calls for other trajectories) is never blocked. Each decode step feeds
-    one token per running row. The batch cache is one zeroed buffer, rows x positions, that
+    The forward passes run in the event loop that awaits `generate`, one step at a time
+    between its other tasks (a step takes milliseconds; the sandbox calls run in their own
+    processes meanwhile), not in a thread of their own: on a CPU a second torch thread is a
+    second OpenMP team, more threads than cores, and libgomp then lets a waiting thread spin
+    only briefly before it sleeps, which cost a fifth of a decode step (docs/speed.md). Each
+    decode step feeds one token per running row. The batch cache is one zeroed buffer, rows x positions, that
     grows in steps and is never rebuilt per step: row b holds its tokens at positions
     [0, len_b), so a token's cache column is its position and a step writes every row's
     new KV in place; a new request is prefilled alone straight into the next free row; a
@@ -161,12 +164,12 @@ class HFEngine:
         self._prefix_size = 0
         self.stats = {"decode_steps": 0, "prefills": 0, "generated_tokens": 0, "max_rows": 0,
                       "joined_running_batch": 0, "prefix_hit_tokens": 0, "cache_rebuilds": 0}
-        self._cond = threading.Condition()   # guards _queue and _closed
+        self._lock = threading.Lock()        # guards _queue, _closed and _driver (callers may be in other threads)
         self._model_lock = threading.Lock()  # held around every forward and weight copy
         self._queue: list[_Req] = []
         self._closed = False
-        self._thread: threading.Thread | None = None
-        # running batch state (worker thread only)
+        self._driver: asyncio.Task | None = None  # the task that runs the forward passes, in a caller's loop
+        # running batch state (the driver's only)
         self._rows: list[_Req] = []
         self._kv = None  # the batch cache: keys and values (2, layers, rows, H_kv, C, D); row b's positions [0, lens[b])
         self._lens = torch.zeros(0, dtype=torch.long)  # (B,) tokens in each running row's cache
@@ -221,11 +224,8 @@ class HFEngine:
         pass
 
     def shutdown(self) -> None:
-        with self._cond:
+        with self._lock:  # the driver fails what is left at its next step
             self._closed = True
-            self._cond.notify_all()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=60)
 
     # ---- submission (any thread / loop)
 
@@ -250,14 +250,13 @@ class HFEngine:
             if p.stop:
                 # A stop string of n characters spans at most 4n byte-level tokens (UTF-8).
                 req.stop_window = 4 * max(len(s) for s in p.stop) + 4
-        with self._cond:
+        with self._lock:
             if self._closed:
                 raise RuntimeError("engine is shut down")
             self._queue.append(req)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._worker, name="hf-engine", daemon=True)
-                self._thread.start()
-            self._cond.notify()
+            d = self._driver  # a driver whose loop has stopped (its run_until_complete returned) serves no one
+            if d is None or d.done() or (d.get_loop() is not req.loop and not d.get_loop().is_running()):
+                self._driver = req.loop.create_task(self._drive())
         return await req.fut
 
     @staticmethod
@@ -274,17 +273,22 @@ class HFEngine:
         except RuntimeError:  # the caller's loop is closed; nobody is waiting
             pass
 
-    # ---- worker thread
+    # ---- the driver: one task in the caller's event loop
 
-    def _worker(self):
+    async def _drive(self):
+        """Serve the queue, one step at a time, between the loop's other tasks (rollouts, sandbox results),
+        until it is empty. A newer driver (started in another loop while this one's was stopped) replaces it."""
+        me = asyncio.current_task()
         while True:
-            with self._cond:
-                while not self._queue and not self._rows and not self._closed:
-                    self._cond.wait()
+            with self._lock:
+                if self._driver is not me:
+                    return
                 if self._closed:
-                    pending, self._queue = self._queue + self._rows, []
-                    self._rows = []
+                    pending, self._queue, self._rows, self._driver = self._queue + self._rows, [], [], None
                     break
+                if not (self._queue or self._rows):
+                    self._driver = None
+                    return
                 free = self.max_batch - len(self._rows)
                 scores = [r for r in self._queue if r.kind == "score"]
                 gens = [r for r in self._queue if r.kind == "gen"][:max(free, 0)]
@@ -299,12 +303,13 @@ class HFEngine:
                     self._drop_cancelled()
                     if self._rows:
                         self._decode_step()
-            except BaseException as e:  # a broken forward must not leave callers hanging
+            except Exception as e:  # a broken forward must not leave callers hanging
                 for r in self._rows + gens + scores:
                     self._resolve(r, error=e)
                 self._rows, self._kv = [], None
                 self._lens = self._lens[:0]
                 self._last = self._last[:0]
+            await asyncio.sleep(0)
         err = RuntimeError("engine shut down before this request finished")
         for r in pending:
             self._resolve(r, error=err)
