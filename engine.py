@@ -114,8 +114,8 @@ class HFEngine:
     processes meanwhile), not in a thread of their own: on a CPU a second torch thread is a
     second OpenMP team, more threads than cores, and libgomp then lets a waiting thread spin
     only briefly before it sleeps, which cost a fifth of a decode step (docs/speed.md). Each
-    decode step feeds one token per running row. The batch cache is one zeroed buffer, rows x positions, that
-    grows in steps and is never rebuilt per step: row b holds its tokens at positions
+    decode step feeds one token per running row. The batch cache is one zeroed buffer, rows
+    x positions, that grows in steps and is never rebuilt per step: row b holds its tokens at positions
     [0, len_b), so a token's cache column is its position and a step writes every row's
     new KV in place; a new request is prefilled alone straight into the next free row; a
     finished row's place is taken by the last row. Per step the time goes to the matrix
