@@ -13,20 +13,10 @@ entry script has (docs/departures.md lists each one).
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
 import tyro
-
-# torch's CPU build runs its threads on libgomp, which reads these once, when torch is first imported: so the entry
-# scripts import config before torch. Each thread that runs torch ops gets an OpenMP team of its own; once a process
-# has more OpenMP threads than cores, libgomp lets a waiting thread spin only 100 times before it sleeps, and a decode
-# step's many small products wait on wake-ups (docs/speed.md, the engine's decode step). The HF engine no longer
-# decodes on a thread of its own, and with one team the policy measures the same as libgomp's default; it stays for
-# any other thread that runs torch. ACTIVE makes that 1000 spins; GOMP_SPINCOUNT keeps the default where threads fit.
-os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")
-os.environ.setdefault("GOMP_SPINCOUNT", "300000")
 
 
 @dataclass

@@ -164,8 +164,6 @@ class HFEngine:
         self._prefix_size = 0
         self.stats = {"decode_steps": 0, "prefills": 0, "generated_tokens": 0, "max_rows": 0,
                       "joined_running_batch": 0, "prefix_hit_tokens": 0, "cache_rebuilds": 0}
-        self._lock = threading.Lock()        # guards _queue, _closed and _driver (callers may be in other threads)
-        self._model_lock = threading.Lock()  # held around every forward and weight copy
         self._queue: list[_Req] = []
         self._closed = False
         self._driver: asyncio.Task | None = None  # the task that runs the forward passes, in a caller's loop
@@ -196,7 +194,7 @@ class HFEngine:
         (the trainer shares this module) are skipped. Packs the weights again and flushes the
         prefix cache, as flush_cache does: KV computed by the old weights must never be reused."""
         params = self.model.state_dict(keep_vars=True)  # includes tied names (lm_head.weight)
-        with self._model_lock, torch.no_grad():
+        with torch.no_grad():
             for name, t in named_tensors:
                 p = params.get(name)
                 if p is None:
@@ -213,9 +211,8 @@ class HFEngine:
     def flush_cache(self) -> None:
         """Forget every cached KV, and pack the weights again: call it whenever they changed (a trainer that
         shares the module calls it after each optimizer step)."""
-        with self._model_lock:
-            self._pack()
-            self._flush_prefix()
+        self._pack()
+        self._flush_prefix()
 
     def release_memory(self) -> None:  # nothing to give back on CPU
         pass
@@ -224,10 +221,9 @@ class HFEngine:
         pass
 
     def shutdown(self) -> None:
-        with self._lock:  # the driver fails what is left at its next step
-            self._closed = True
+        self._closed = True  # the driver fails what is left at its next step
 
-    # ---- submission (any thread / loop)
+    # ---- submission (any event loop; every caller in one thread, as the forward passes run in it)
 
     def _check_ids(self, input_ids, what: str) -> list[int]:
         ids = [int(t) for t in input_ids]
@@ -250,13 +246,12 @@ class HFEngine:
             if p.stop:
                 # A stop string of n characters spans at most 4n byte-level tokens (UTF-8).
                 req.stop_window = 4 * max(len(s) for s in p.stop) + 4
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("engine is shut down")
-            self._queue.append(req)
-            d = self._driver  # a driver whose loop has stopped (its run_until_complete returned) serves no one
-            if d is None or d.done() or (d.get_loop() is not req.loop and not d.get_loop().is_running()):
-                self._driver = req.loop.create_task(self._drive())
+        if self._closed:
+            raise RuntimeError("engine is shut down")
+        self._queue.append(req)
+        d = self._driver  # a driver whose loop has stopped (its run_until_complete returned) serves no one
+        if d is None or d.done() or (d.get_loop() is not req.loop and not d.get_loop().is_running()):
+            self._driver = req.loop.create_task(self._drive())
         return await req.fut
 
     @staticmethod
@@ -280,22 +275,21 @@ class HFEngine:
         until it is empty. A newer driver (started in another loop while this one's was stopped) replaces it."""
         me = asyncio.current_task()
         while True:
-            with self._lock:
-                if self._driver is not me:
-                    return
-                if self._closed:
-                    pending, self._queue, self._rows, self._driver = self._queue + self._rows, [], [], None
-                    break
-                if not (self._queue or self._rows):
-                    self._driver = None
-                    return
-                free = self.max_batch - len(self._rows)
-                scores = [r for r in self._queue if r.kind == "score"]
-                gens = [r for r in self._queue if r.kind == "gen"][:max(free, 0)]
-                taken = set(map(id, scores + gens))
-                self._queue = [r for r in self._queue if id(r) not in taken]
+            if self._driver is not me:
+                return
+            if self._closed:
+                pending, self._queue, self._rows, self._driver = self._queue + self._rows, [], [], None
+                break
+            if not (self._queue or self._rows):
+                self._driver = None
+                return
+            free = self.max_batch - len(self._rows)
+            scores = [r for r in self._queue if r.kind == "score"]
+            gens = [r for r in self._queue if r.kind == "gen"][:max(free, 0)]
+            taken = set(map(id, scores + gens))
+            self._queue = [r for r in self._queue if id(r) not in taken]
             try:
-                with self._model_lock, torch.inference_mode():
+                with torch.inference_mode():
                     for r in scores:
                         self._do_score(r)
                     for r in gens:

@@ -48,10 +48,9 @@ import sys
 import time
 from pathlib import Path
 
-import config  # noqa: I001 - first: it sets libgomp's spin policy before torch loads it
-
 import torch
 
+import config
 import grpo
 import packing
 import rollout

@@ -22,13 +22,12 @@ import dataclasses
 import os
 import time
 
-import config  # noqa: I001 - first: it sets libgomp's spin policy before torch loads it
-
 import numpy as np
 import torch
 import torch.distributed as dist
 
 import checkpoint
+import config
 import engine as engine_mod
 import eval as heldout
 import evalcache

@@ -48,9 +48,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import config  # noqa: E402,I001 - first: it sets libgomp's spin policy before torch loads it
 import torch  # noqa: E402
 
+import config  # noqa: E402
 import engine as engine_mod  # noqa: E402
 import grpo  # noqa: E402
 import mismatch  # noqa: E402

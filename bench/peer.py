@@ -65,7 +65,6 @@ def main():
         return peer(a)
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    import config  # noqa: F401 - before torch: libgomp's spin policy, as train.py runs
     import torch
 
     import rollout

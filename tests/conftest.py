@@ -7,7 +7,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
 sys.path.insert(0, str(ROOT))
-import config  # noqa: E402,F401 - before torch, as the entry scripts: libgomp's spin policy
 
 
 @pytest.fixture(scope="session")

@@ -1,15 +1,9 @@
 """The project's import graph, read with ast (nothing is imported or run): no cycles, and the leaves stay leaves.
 
 Every import counts, including those inside functions (a lazy import still ties the two modules together), so
-that saar.py and sandbox.py can be read, copied and tested alone. One check runs the imports: the entry scripts
-load config, which sets libgomp's spin policy, before torch."""
+that saar.py and sandbox.py can be read, copied and tested alone."""
 import ast
-import os
-import subprocess
-import sys
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LEAVES = ("saar", "sandbox", "config", "packing", "precision", "mismatch")  # import no project module: the standard library only
@@ -79,37 +73,3 @@ def test_the_check_finds_a_cycle_and_a_leaf_import(tmp_path):
     assert find_cycle({"a": {"b"}, "b": set()}) is None
     (tmp_path / "saar.py").write_text("def f():\n    import rollout\n")
     assert imports_of(tmp_path / "saar.py", {"rollout": None, "saar": None}) == {"rollout"}
-
-
-# Records OMP_WAIT_POLICY as it stands when torch is first imported, then imports the module named in argv[1].
-AT_TORCH = """
-import builtins, os, sys
-seen, real = [], builtins.__import__
-def imp(name, *a, **k):
-    if name.split('.')[0] == 'torch' and 'torch' not in sys.modules and not seen:
-        seen.append(os.environ.get('OMP_WAIT_POLICY'))
-    return real(name, *a, **k)
-builtins.__import__ = imp
-__import__(sys.argv[1])
-print('policy at torch:', seen[0] if seen else 'torch not imported')
-"""
-
-
-def policy_at_torch(module: str, path: Path) -> str:
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
-    env["PYTHONPATH"] = f"{path}{os.pathsep}{ROOT}"
-    out = subprocess.run([sys.executable, "-c", AT_TORCH, module], capture_output=True, text=True, env=env,
-                         cwd=path, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return out.stdout.strip().splitlines()[-1]
-
-
-@pytest.mark.parametrize("module", ["train", "sft"])  # eval.py imports torch lazily, after config
-def test_entry_scripts_set_the_spin_policy_before_torch_loads_libgomp(module):
-    assert policy_at_torch(module, ROOT) == "policy at torch: ACTIVE"
-
-
-def test_the_spin_policy_check_sees_torch_imported_first(tmp_path):
-    """The negative control: a script that imports torch before config."""
-    (tmp_path / "early.py").write_text("import torch\nimport config\n")
-    assert policy_at_torch("early", tmp_path) == "policy at torch: None"
