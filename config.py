@@ -261,11 +261,12 @@ class Grpo:
 class Engine:
     """The generation engine and the device (engine.py)."""
     engine: Literal["hf", "sglang"] = "hf"
-    """hf (transformers, any device) or sglang (GPU: an in-process SGLang engine per rank, colocated)"""
+    """hf (transformers, any device) or sglang (an in-process SGLang engine per rank, colocated, on the rank's GPU
+    or CPU; its environment: scripts/sglang_env.sh)"""
     engine_batch: int = 32
     """most sequences the HF engine decodes at once"""
     sglang_mem_fraction: float = 0.5
-    """GPU memory share of each SGLang engine (KV cache and weights; the paper: 0.8 with offloaded training)"""
+    """memory share of each SGLang engine (KV cache and weights; the paper: 0.8 of a GPU with offloaded training)"""
     sglang_url: str = ""
     """use an already running SGLang server at this URL instead of an in-process engine"""
     device: str = "auto"

@@ -41,7 +41,9 @@ matching tokens are kept, never trimmed (SGLang: no_stop_trim=True).
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -558,17 +560,19 @@ SGLANG_VERSION = "0.5.23"  # the release this adapter is written and contract-te
 
 def build_engine(kind: str, tokenizer, *, model=None, model_path: str | None = None, max_batch: int = 32,
                  deterministic: bool = False, dtype: str = "bfloat16", mem_fraction_static: float = 0.5, seed: int = 0,
-                 server_url: str | None = None):
+                 server_url: str | None = None, device: str = "cuda"):
     """The one place an engine is made (train.py, eval.py, sft.py). "hf" decodes with `model`, an already
     loaded torch model (on one process the policy itself: no copy, no sync); "sglang" loads `model_path`
-    (a local folder) into an in-process SGLang engine, or talks to the server at `server_url`."""
+    (a local folder) into an in-process SGLang engine on `device` (cuda or cpu), or talks to the server at
+    `server_url`."""
     if kind == "hf":
         if model is None:
             raise ValueError("build_engine('hf') needs the loaded model")
         return HFEngine(model, tokenizer, max_batch=max_batch, deterministic=deterministic)
     if kind == "sglang":
         return SGLangEngine(model_path=model_path, server_url=server_url, deterministic=deterministic, dtype=dtype,
-                            mem_fraction_static=mem_fraction_static, seed=seed, eos_token_ids=[tokenizer.eos_token_id])
+                            mem_fraction_static=mem_fraction_static, seed=seed, eos_token_ids=[tokenizer.eos_token_id],
+                            device=device)
     raise ValueError(f"engine must be hf or sglang, got {kind!r}")
 
 
@@ -629,25 +633,29 @@ class _LoopProxy:
 
 
 class SGLangEngine:
-    """The same interface on SGLang (GPU): in-process `sglang.Engine(model_path=...)`, or an
-    already running server (`server_url="http://127.0.0.1:30000"`). Token in, token out.
+    """The same interface on SGLang: in-process `sglang.Engine(model_path=...)` on a GPU or on the CPU
+    (device="cpu": SGLang's CPU engine, attention in torch_native), or an already running server
+    (`server_url="http://127.0.0.1:30000"`). Token in, token out.
 
     Differences from HFEngine: SGLang always stops at the model's own EOS (eos_token_ids are
     added as extra stop tokens); per-request seeds are honoured only with
-    deterministic=True (SGLang's enable_deterministic_inference). update_weights() over
-    HTTP sends tensors by CUDA IPC handles, so the trainer must run on the server's machine.
+    deterministic=True (SGLang's enable_deterministic_inference, which its CPU attention
+    backend lacks: refused here at construction). update_weights() over HTTP sends tensors by
+    shared-memory handles (CUDA IPC on a GPU), so the trainer must run on the server's machine.
 
     Lifecycle, as SGLang wants it: build the in-process engine in the main thread (it
     installs signal handlers); call release_memory() only while no request runs, and after
     resume_memory() push the weights again (update_weights) before generating: released
     weights are not backed up (unless enable_weights_cpu_backup=True is passed through).
-    shutdown() kills every child process of this process (SGLang's kill_process_tree),
-    sandbox workers included, so call it last.
+    Without SGLang's memory saver (it needs CUDA; never on the CPU) there is nothing to free,
+    and release/resume return at once. shutdown() kills every child process of this process
+    (SGLang's kill_process_tree), sandbox workers included, so call it last; it then removes
+    the /dev/shm files the engine's killed processes leave behind.
     """
 
     def __init__(self, model_path: str | None = None, *, server_url: str | None = None, deterministic: bool = False,
                  eos_token_ids=None, dtype: str = "bfloat16", mem_fraction_static: float = 0.5, seed: int = 0,
-                 tp_size: int = 1, enable_memory_saver: bool = True, timeout_s: float = 600.0, **engine_kwargs):
+                 tp_size: int = 1, device: str = "cuda", timeout_s: float = 600.0, **engine_kwargs):
         self.extra_stop = sorted({int(t) for t in eos_token_ids or []})
         self.tp_size, self.timeout_s = tp_size, timeout_s
         self._engine = self._url = self._pool = None
@@ -655,16 +663,30 @@ class SGLangEngine:
             from concurrent.futures import ThreadPoolExecutor
             self._url = server_url.rstrip("/")
             self._pool = ThreadPoolExecutor(max_workers=256, thread_name_prefix="sglang-http")
+            self.frees_memory = bool(self._request("/server_info", None).get("enable_memory_saver"))
             return
         if model_path is None:
             raise ValueError("SGLangEngine needs model_path (in-process engine) or server_url")
+        dev = torch.device(device)
+        if dev.type == "cpu":
+            if deterministic:
+                raise ValueError("--deterministic with --engine sglang on the CPU: SGLang's CPU engine runs attention "
+                                 "in torch_native, which it cannot make deterministic (only GPU backends such as fa3, "
+                                 "flashinfer and triton can); use --engine hf for bit-exact runs on a CPU")
+            os.environ["SGLANG_USE_CPU_ENGINE"] = "1"  # read when sglang is imported, here and in its processes
+            engine_kwargs = {"attention_backend": "torch_native", **engine_kwargs}  # the one CPU backend in pure torch
+        elif dev.index is not None:  # a torchrun rank's "cuda:<local rank>": its engine on that GPU
+            engine_kwargs = {"base_gpu_id": dev.index, **engine_kwargs}
+        self.frees_memory = dev.type != "cpu"  # the memory saver (torch_memory_saver) needs CUDA
         try:
             import sglang
         except ImportError as e:
-            raise ImportError(f"SGLangEngine needs sglang=={SGLANG_VERSION} and a CUDA GPU "
-                              f"(pip install -r requirements-gpu.txt): {e}") from None
+            raise ImportError(f"SGLangEngine needs sglang=={SGLANG_VERSION}: build its environment with "
+                              f"`bash scripts/sglang_env.sh DIR` and run DIR/bin/python: {e}") from None
+        self._shm = _shm_files()
         self._engine = sglang.Engine(model_path=model_path, dtype=dtype, mem_fraction_static=mem_fraction_static,
-                                     random_seed=seed, tp_size=tp_size, enable_memory_saver=enable_memory_saver,
+                                     random_seed=seed, tp_size=tp_size, device=dev.type,
+                                     enable_memory_saver=self.frees_memory,
                                      enable_deterministic_inference=deterministic, **engine_kwargs)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="sglang-loop", daemon=True)
@@ -675,7 +697,7 @@ class SGLangEngine:
         """One generate request on the engine's own loop (in-process) or over HTTP."""
         if self._engine is None:
             body = {k: v for k, v in kw.items() if v is not None}
-            return await asyncio.get_running_loop().run_in_executor(self._pool, self._post, "/generate", body)
+            return await asyncio.get_running_loop().run_in_executor(self._pool, self._request, "/generate", body)
         fut = asyncio.run_coroutine_threadsafe(
             self._engine.async_generate(input_ids=kw["input_ids"], sampling_params=kw["sampling_params"],
                                         return_logprob=True, logprob_start_len=kw.get("logprob_start_len")),
@@ -701,68 +723,108 @@ class SGLangEngine:
         return sglang_scores(out, ids, start)
 
     def update_weights(self, named_tensors, bucket_bytes: int = 1 << 30) -> None:
-        """Push (HF name, tensor) pairs in buckets of ~bucket_bytes, then flush the radix cache
-        (its KV was computed by the old weights)."""
-        bucket, size = [], 0
-        for name, t in named_tensors:
-            bucket.append((name, t.detach()))
-            size += t.numel() * t.element_size()
-            if size >= bucket_bytes:
+        """Push (HF name, tensor) pairs in buckets of ~bucket_bytes, inside the weight-update session SGLang
+        requires (begin_weight_update ... end_weight_update, closed even when a push fails), then flush the
+        radix cache (its KV was computed by the old weights)."""
+        self._control("begin_weight_update")
+        try:
+            bucket, size = [], 0
+            for name, t in named_tensors:
+                bucket.append((name, t.detach()))
+                size += t.numel() * t.element_size()
+                if size >= bucket_bytes:
+                    self._push(bucket)
+                    bucket, size = [], 0
+            if bucket:
                 self._push(bucket)
-                bucket, size = [], 0
-        if bucket:
-            self._push(bucket)
+        finally:
+            self._control("end_weight_update")
         self.flush_cache()
 
     def _push(self, bucket):
         if self._engine is not None:
             ok, msg = self._engine.update_weights_from_tensor(named_tensors=bucket, flush_cache=False)
         else:
+            import torch.multiprocessing as tmp
             from sglang.srt.utils import MultiprocessingSerializer
-            payload = MultiprocessingSerializer.serialize(bucket, output_str=True)
-            r = self._post("/update_weights_from_tensor", {"serialized_named_tensors": [payload] * self.tp_size,
-                                                          "flush_cache": False})
+            # tensors travel as shared-memory handles: CUDA IPC on a GPU; on the CPU a file in /dev/shm by name
+            # (file_system), since the default strategy passes descriptors only a child of ours can receive
+            strategy = tmp.get_sharing_strategy()
+            tmp.set_sharing_strategy("file_system")
+            try:  # CPU tensors are copied first, or the trainer's own storage would move into shared memory
+                payload = MultiprocessingSerializer.serialize(
+                    [(n, t.clone() if t.device.type == "cpu" else t) for n, t in bucket], output_str=True)
+            finally:
+                tmp.set_sharing_strategy(strategy)
+            r = self._request("/update_weights_from_tensor", {"serialized_named_tensors": [payload] * self.tp_size,
+                                                             "flush_cache": False})
             ok, msg = r["success"], r["message"]
         if not ok:
             raise RuntimeError(f"SGLang update_weights_from_tensor failed: {msg}")
 
-    def flush_cache(self) -> None:
+    def _control(self, op: str) -> None:
+        """A control call that answers (success, message): begin/end_weight_update."""
         if self._engine is not None:
-            r = self._engine.flush_cache()
-            ok, msg = r.success, r.message
-        else:
-            self._post("/flush_cache", {})  # a refusal comes back as HTTP 400, raised by _post
-            ok, msg = True, ""
-        if not ok:  # SGLang refuses while requests are running
-            raise RuntimeError(f"SGLang flush_cache failed (requests still running?): {msg}")
+            ok, msg = getattr(self._engine, op)()
+        else:  # a refusal comes back as HTTP 400, raised by _request
+            ok, msg = True, self._request("/" + op, {})
+        if not ok:
+            raise RuntimeError(f"SGLang {op} failed: {msg}")
+
+    def flush_cache(self, wait_s: float = 30.0) -> None:
+        """Drop the radix cache. SGLang refuses while a request is still in its scheduler, which a request
+        that has just answered may briefly be: retried for up to wait_s."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            if self._engine is not None:
+                r = self._engine.flush_cache()
+                ok, msg = r.success, r.message
+            else:
+                try:  # a refusal comes back as HTTP 400
+                    ok, msg = True, self._request("/flush_cache", {})
+                except RuntimeError as e:
+                    ok, msg = False, str(e)
+            if ok:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"SGLang flush_cache refused for {wait_s:g} s (requests still running?): {msg}")
+            time.sleep(0.05)
 
     def release_memory(self) -> None:
+        if not self.frees_memory:
+            return
         if self._engine is not None:
             self._engine.release_memory_occupation()
         else:
-            self._post("/release_memory_occupation", {})
+            self._request("/release_memory_occupation", {})
 
     def resume_memory(self) -> None:
+        if not self.frees_memory:
+            return
         if self._engine is not None:
             self._engine.resume_memory_occupation()
         else:
-            self._post("/resume_memory_occupation", {})
+            self._request("/resume_memory_occupation", {})
 
     def shutdown(self) -> None:
         if self._engine is not None:
             self._engine.shutdown()
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._engine = None
+            _remove_orphan_shm(self._shm)
+            _reap_children()
         if self._pool is not None:
             self._pool.shutdown(wait=False)
 
-    def _post(self, route: str, body: dict):
-        """POST JSON to the server; returns the parsed JSON (or None for a plain-text reply)."""
+    def _request(self, route: str, body: dict | None):
+        """POST body as JSON (GET when body is None) to the server; returns the parsed JSON (or None for a
+        plain-text reply)."""
         import json
         import urllib.error
         import urllib.request
-        req = urllib.request.Request(self._url + route, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"}, method="POST")
+        req = urllib.request.Request(self._url + route, data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"},
+                                     method="GET" if body is None else "POST")
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
                 raw = resp.read()
@@ -773,3 +835,55 @@ class SGLangEngine:
             return json.loads(raw)
         except ValueError:
             return None
+
+
+# What SGLang's processes leave in /dev/shm when shutdown SIGKILLs them: load-snapshot slots, SGLang's pid-stamped
+# segments, the CPU all-reduce buffer of its compiled kernels.
+_SGLANG_SHM = ("sglang_loads_", "sgl_shm_", "deepspeed_allreduce_buffer_")
+
+
+def _shm_files() -> set[str]:
+    try:
+        return set(os.listdir("/dev/shm"))
+    except OSError:
+        return set()
+
+
+def _remove_orphan_shm(before: set[str]) -> None:
+    """Unlink what SGLang's killed processes left in /dev/shm since `before`: SGLang's own files, and the named
+    semaphores of multiprocessing that no live process of ours has open (kill_process_tree also kills the resource
+    tracker that would have unlinked them; one this process still maps is its own, unlinked at its exit)."""
+    try:  # by inode: glibc maps a new semaphore under a temporary name, then links it to its own
+        with open("/proc/self/maps") as f:
+            mapped = {int(x[4]) for x in map(str.split, f) if len(x) > 5 and x[5].startswith("/dev/shm/")}
+    except OSError:
+        mapped = set()
+    for name in _shm_files() - before:
+        path = os.path.join("/dev/shm", name)
+        try:
+            if name.startswith(_SGLANG_SHM) or (name.startswith("sem.mp-") and os.stat(path).st_ino not in mapped):
+                os.unlink(path)
+        except OSError:
+            pass
+
+
+def _reap_children(wait_s: float = 10.0) -> None:
+    """Collect the exit status of this process's children that kill_process_tree left as zombies (some die a
+    moment after it returns): no process of the engine's outlives shutdown, not even in the process table."""
+    import psutil  # an SGLang dependency
+    deadline = time.monotonic() + wait_s
+    while True:
+        zombies = []
+        for child in psutil.Process().children():
+            try:
+                if child.status() == psutil.STATUS_ZOMBIE:
+                    zombies.append(child.pid)
+            except psutil.NoSuchProcess:
+                pass
+        for pid in zombies:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+        if not zombies or time.monotonic() > deadline:
+            return

@@ -97,7 +97,8 @@ def build(args: config.Eval):
     model = None if sglang else models.load_model(c.model, dtype=getattr(torch, e.dtype), device=device).eval()
     eng = build_engine(e.engine, tok, model=model, model_path=models.resolve(c.model) if sglang else None,
                        max_batch=e.engine_batch, deterministic=e.deterministic, dtype=e.dtype,
-                       mem_fraction_static=e.sglang_mem_fraction, seed=c.seed, server_url=e.sglang_url or None)
+                       mem_fraction_static=e.sglang_mem_fraction, seed=c.seed, server_url=e.sglang_url or None,
+                       device=device)
     return tok, eng, dataclasses.replace(r, tool_format=fmt, max_response_tokens=budget)
 
 

@@ -205,7 +205,8 @@ def build(args: Args, device: str, world: int, log):
     eng = engine_mod.build_engine(e.engine, tokenizer, model=gen_model,
                                   model_path=models.resolve(model_path) if e.engine == "sglang" else None,
                                   max_batch=e.engine_batch, deterministic=e.deterministic, dtype=e.dtype,
-                                  mem_fraction_static=e.sglang_mem_fraction, seed=c.seed, server_url=e.sglang_url or None)
+                                  mem_fraction_static=e.sglang_mem_fraction, seed=c.seed, server_url=e.sglang_url or None,
+                                  device=device)
     ref = None
     if g.kl_coef > 0:
         ref = models.load_model(model_path, dtype=torch.float32 if world == 1 else precision.DTYPES[g.update_dtype])
