@@ -115,7 +115,7 @@ class HFEngine:
     between its other tasks (a step takes milliseconds; the sandbox calls run in their own
     processes meanwhile), not in a thread of their own: on a CPU a second torch thread is a
     second OpenMP team, more threads than cores, and libgomp then lets a waiting thread spin
-    only briefly before it sleeps, which cost a fifth of a decode step (docs/speed.md). Each
+    only briefly before it sleeps, which slowed a decode step (docs/speed.md). Each
     decode step feeds one token per running row. The batch cache is one zeroed buffer, rows
     x positions, that grows in steps and is never rebuilt per step: row b holds its tokens at positions
     [0, len_b), so a token's cache column is its position and a step writes every row's
@@ -439,7 +439,7 @@ class HFEngine:
     def _pack(self):
         """The decoder's weights, copied: per layer q|k|v and gate|up as one matrix each, so a layer makes four
         matrix products, not seven; on CPU in oneDNN's packed layout, whose products for the few rows of a decode
-        step stream the weights about twice as fast as nn.Linear's (docs/speed.md). A copy, so it is rebuilt after
+        step stream the weights faster than nn.Linear's (docs/speed.md). A copy, so it is rebuilt after
         every weight push."""
         p = self.model.lm_head.weight
         self._packed = (self.pack and self.device.type == "cpu" and torch.backends.mkldnn.is_available()
@@ -678,6 +678,8 @@ class SGLangEngine:
         elif dev.index is not None:  # a torchrun rank's "cuda:<local rank>": its engine on that GPU
             engine_kwargs = {"base_gpu_id": dev.index, **engine_kwargs}
         self.frees_memory = dev.type != "cpu"  # the memory saver (torch_memory_saver) needs CUDA
+        # an idle scheduler otherwise polls on a whole core, which the colocated trainer's update needs
+        engine_kwargs = {"sleep_on_idle": True, **engine_kwargs}
         try:
             import sglang
         except ImportError as e:

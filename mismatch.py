@@ -22,12 +22,14 @@ import torch
 OUT_OF_RANGE = math.log(2.0)  # a token whose ratio pi_old/pi_rollout leaves [0.5, 2]
 
 
-def _log_ratio(t) -> tuple[torch.Tensor, torch.Tensor]:
+def _log_ratio(t, clamp: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """(d, mask) of one TrainSeq: d = log pi_old - log pi_rollout (L,), 0 (ratio 1) where the loss mask is 0 and
-    clamped to [-20, 20] as veRL clamps it, in float64 (a k3 of 1e-13 must not round to 0); mask (L,) bool."""
+    (clamp) clamped to [-20, 20] as veRL clamps a token's, in float64 (a k3 of 1e-13 must not round to 0); mask
+    (L,) bool."""
     mask = torch.as_tensor(t.loss_mask, dtype=torch.bool)
     d = torch.as_tensor(t.old_logp, dtype=torch.float64) - torch.as_tensor(t.rollout_logp, dtype=torch.float64)
-    return torch.where(mask, d, 0.0).clamp(-20.0, 20.0), mask
+    d = torch.where(mask, d, 0.0)
+    return (d.clamp(-20.0, 20.0) if clamp else d), mask
 
 
 def measure(batch) -> dict:
@@ -68,7 +70,7 @@ def correct(batch, mode: str, threshold: float, lower: float = 0.0) -> dict:
     lo = math.log(lower if lower > 0 else 1.0 / threshold)
     clipped = dropped = dropped_tokens = tokens = 0
     for t in batch:
-        d, mask = _log_ratio(t)
+        d, mask = _log_ratio(t, clamp=mode == "token")  # seq: veRL clamps the sum, not each token
         tokens += int(mask.sum())
         if mode == "token":
             ratio = d.exp()  # (L,), 1 where the token is not trained on

@@ -5,7 +5,7 @@ In CLEANER (Xu, Chen, Li, 2026) the policy writes Python inside its reasoning, t
 it and shows the output or the error back to the model, and SAAR later rewrites the failed calls.
 The paper runs code in an external sandbox service. Here it runs locally, in a pool of warm
 processes, because an RL step makes thousands of calls and most of the cost of a naive sandbox is
-starting Python (about 70 ms with numpy, 320 ms with sympy). nanochat's execution.py has the same
+starting Python with numpy and sympy (docs/speed.md). nanochat's execution.py has the same
 job; we keep its plain tone, but not its design (a multiprocessing.Process per call, os functions
 patched to None). Nothing here is copied from it.
 
@@ -47,8 +47,8 @@ What a call returns
 - An ExecResult: facts, not text. The kind (ERROR_KINDS), the streams (head and tail), the exception's
   type and Python's own text for it, the frames of the code (the innermost library frame too, with
   a path below sys.path; a run of repeats folded into a count), the limits, the signal of a crash,
-  why a session's state was lost. The words the model reads are rollout.tool_text's, in rollout.py's
-  model-facing block, and nowhere else.
+  why a session's state was lost. The words the model reads are tools.tool_text's, in tools.py,
+  and nowhere else.
 - Never in a result: frames of this file, anything of the trainer (its environment, its processes),
   anything of another execution. The report about an exception comes from the code's own process, so
   the zygote keeps only known fields, each of its type and bounded (`_checked`); a forged report can
@@ -68,7 +68,9 @@ What is covered (layers used when available; `Sandbox.layers` lists the active o
   beside it, the caches, and the caller's `hide=`): only this file and a venv inside are bound back.
 - netns / mountns: without bwrap, root unshares a network namespace (no interfaces up) and a mount
   namespace in which /tmp (scratch_mb, holding the scratch dirs), /var/tmp, /run and /var/crash are
-  root-owned tmpfs and /dev/shm a 64 MB tmpfs wiped after every execution.
+  root-owned tmpfs and /dev/shm a 64 MB tmpfs wiped after every execution; the folders of `_hidden` are
+  empty there too, and what the zygote needs below any of them (the interpreter, a venv, this file) is
+  bound back read-only, as under bwrap.
 - hidepid: with bwrap or mountns, /proc is a new instance with hidepid=invisible: the code sees only
   the processes of its own uid (its own run or session), not the trainer's, the zygote's or another
   session's, nor their command lines.
@@ -102,8 +104,8 @@ What is not covered
 - Kernel exploits: this is namespaces, uids, rlimits and seccomp, not a VM (gVisor/Firecracker).
 - Without bwrap: the filesystem is the host's (less the tmpfs above, with root). A slot uid cannot write
   root-owned files, but it can read world-readable files, and cannot import modules not preloaded
-  from directories it cannot enter (e.g. /root/.pyenv). The checkout, problem sets and caches are
-  not hidden (`_hidden` needs bwrap).
+  from directories it cannot enter (e.g. /root/.pyenv). Without root (no mount namespace) the
+  checkout, problem sets and caches are not hidden.
 - Without root and without bwrap (the bare mode: seccomp and rlimits only): no uid separation, so code
   can signal or read other processes of the same user (including the trainer), read every process's
   command line in /proc, write the host's /tmp, /var/tmp and /dev/shm (files there are memory outside
@@ -188,7 +190,7 @@ class Frame(NamedTuple):
 
 @dataclass
 class ExecResult:
-    """What one execution did, as facts; rollout.tool_text words them for the model. The only text in it is the
+    """What one execution did, as facts; tools.tool_text words them for the model. The only text in it is the
     code's own (its output) and Python's (its text for an exception)."""
     ok: bool
     error_kind: str  # one of ERROR_KINDS
@@ -345,7 +347,7 @@ class Session:
 def _hidden(extra=()) -> list:
     """Folders the code must not read although the host may show them to anyone: this checkout (the graders,
     tests and run folders), the problem sets beside it (their answers: a policy could learn to read them),
-    the caches, and the caller's own. Only bwrap can hide them; the fallback layers cannot."""
+    the caches, and the caller's own. bwrap hides them, and so does the fallback's mount namespace (mountns)."""
     repo = os.path.dirname(THIS_FILE)
     cands = [repo, os.path.join(os.path.dirname(repo), "shared"), os.environ.get("CLEANER_DATA"),
              os.environ.get("CLEANER_CACHE"), os.path.join(os.path.expanduser("~"), ".cache", "cleaner"), *extra]
@@ -413,7 +415,8 @@ class _Pool:
             # Random per Sandbox so two trainers on one machine never share uids (nor NPROC counts).
             uid_base = 10_000_000 + random.randrange(100_000) * UIDS_PER_SANDBOX
             self._free_uids = list(range(uid_base + UIDS_PER_SANDBOX - 1, uid_base + slots - 1, -1))
-        self._bwrap = _bwrap_argv(limits["fsize"] >> 20, _hidden(hide)) if use_bwrap else None
+        self._hide = _hidden(hide)
+        self._bwrap = _bwrap_argv(limits["fsize"] >> 20, self._hide) if use_bwrap else None
         self._root = None
         if self._bwrap is None:
             self._root = tempfile.mkdtemp(prefix="cleaner-sandbox-")
@@ -516,7 +519,7 @@ class _Pool:
         argv = (self._bwrap or []) + [sys.executable, "-I", "-B", THIS_FILE, "--zygote"]
         w.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self._env, bufsize=0,
                                   cwd="/" if self._bwrap else self._root, start_new_session=True, close_fds=True)
-        cfg = {"bwrap": self._bwrap is not None, "use_netns": self._use_netns, "uid": w.uid,
+        cfg = {"bwrap": self._bwrap is not None, "use_netns": self._use_netns, "uid": w.uid, "hide": self._hide,
                "root": "/tmp" if self._bwrap else os.path.join(self._root, f"w{w.index}"), **self.limits}
         _write_frame(w.proc.stdin.fileno(), cfg)
 
@@ -643,10 +646,10 @@ def _clean_env(home: str) -> dict:
     threads = {k: "1" for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                                 "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")}
     path = os.path.dirname(sys.executable) + ":/usr/local/bin:/usr/bin:/bin"
-    # Python's own allocator (pymalloc). glibc malloc on transparent huge pages forks faster (about
-    # 1 ms instead of 2.4 ms here: fewer page-table entries), but the fork happens while the model
-    # generates (the spare child, a session's runner), and under pymalloc a sympy solve in a fork
-    # is 0.5 ms faster and writes fewer pages (measured for bench/sandbox.py).
+    # Python's own allocator (pymalloc). glibc malloc on transparent huge pages forks faster (fewer
+    # page-table entries), but the fork happens while the model generates (the spare child, a
+    # session's runner), and under pymalloc a sympy solve in a fork is faster and writes fewer pages
+    # (docs/speed.md, the sandbox).
     return {"PATH": path, "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8", "TERM": "dumb", "MPLBACKEND": "Agg",
             **threads}
 
@@ -675,8 +678,7 @@ def _bwrap_argv(scratch_mb: int, hide: list = ()) -> list | None:
     # itself: the zygote runs `python -I sandbox.py`, which imports nothing else of the project) is bound back.
     for path in hide:
         argv += ["--tmpfs", path]
-    needed = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-              os.path.dirname(os.path.realpath(sys.executable)), os.path.realpath(THIS_FILE)}
+    needed = _zygote_needs()
     masked, bound = {"/tmp", *covered, *hide}, []  # the private /tmp hides a checkout or venv living there, too
     for path in sorted({os.path.realpath(p) for p in needed}):
         if any(path.startswith(b + "/") for b in bound):
@@ -854,6 +856,7 @@ def _install_seccomp(program: bytes) -> None:
 
 
 CLONE_NEWNS, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 0x20000, 0x2, 0x4, 0x8, 0x4000, 0x40000
+MS_RDONLY, MS_REMOUNT, MS_BIND = 0x1, 0x20, 0x1000
 
 
 def _mount(source: str, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
@@ -870,19 +873,49 @@ def _private_mounts(cfg: dict) -> bool:
     """Root without bwrap: a mount namespace of this zygote's own, so that what bwrap hides is hidden here
     too: the host's world-writable /tmp and /var/tmp (files the code could leave, memory outside its limit),
     the sockets in /run, and the host's /dev/shm, replaced by size-capped tmpfs (/dev/shm is wiped after
-    every execution). Mounting nothing in the host's namespace: everything is private first."""
+    every execution), and the folders of _hidden (cfg["hide"]: this checkout, the problem sets, the caches,
+    the run folders), replaced by empty ones. What the zygote itself still needs below them (the interpreter,
+    a venv, this file) is bound back read-only, as bwrap binds it: held open before it is covered, and bound
+    from that descriptor after. Mounting nothing in the host's namespace: everything is private first."""
     if _libc.unshare(CLONE_NEWNS) != 0:
         return False
+    covered = [(path, size, mode) for path, size, mode in
+               (("/tmp", cfg["fsize"], 0o755), ("/var/tmp", 16 << 20, 0o755), ("/run", 16 << 20, 0o755),
+                ("/var/crash", 16 << 20, 0o755), ("/dev/shm", 64 << 20, 0o1777))
+               if os.path.isdir(path) and not os.path.islink(path)]
+    for path in sorted(cfg.get("hide", ())):  # one below a covered folder is hidden with it
+        if os.path.isdir(path) and not any(path == c or path.startswith(c + "/") for c, _, _ in covered):
+            covered.append((path, 1 << 20, 0o755))
+    held = {}
     try:
         _mount("none", "/", None, MS_REC | MS_PRIVATE)  # nothing mounted below reaches the host
-        for path, size, mode in (("/tmp", cfg["fsize"], 0o755), ("/var/tmp", 16 << 20, 0o755), ("/run", 16 << 20, 0o755),
-                                 ("/var/crash", 16 << 20, 0o755), ("/dev/shm", 64 << 20, 0o1777)):
-            if os.path.isdir(path) and not os.path.islink(path):
-                _mount_tmpfs(path, size, mode)
+        for path in sorted({os.path.realpath(p) for p in _zygote_needs()}):
+            if any(path == c or path.startswith(c + "/") for c, _, _ in covered) and \
+                    not any(path.startswith(h + "/") for h in held):
+                held[path] = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        for path, size, mode in covered:
+            _mount_tmpfs(path, size, mode)
+        for path, fd in held.items():
+            if os.path.isdir(f"/proc/self/fd/{fd}"):
+                os.makedirs(path, 0o755, exist_ok=True)
+            else:
+                os.makedirs(os.path.dirname(path), 0o755, exist_ok=True)
+                open(path, "a").close()
+            _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+            _mount("none", path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
     except OSError as e:
         print(f"sandbox: private mounts failed ({e}); the code sees the host's /tmp, /var/tmp, /run, /dev/shm", file=sys.stderr)
         return False
+    finally:
+        for fd in held.values():
+            os.close(fd)
     return True
+
+
+def _zygote_needs() -> set:
+    """What a zygote reads after it starts: the interpreter's folders (a venv's too) and this file."""
+    return {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+            os.path.dirname(os.path.realpath(sys.executable)), os.path.realpath(THIS_FILE)}
 
 
 def _hide_pids() -> bool:
@@ -1395,6 +1428,10 @@ def _fork_spare(z: _Zygote) -> _Spare:
 
 
 def _restock(z: _Zygote) -> None:
+    """After a stateless run's answer is sent: wipe what the code left (a flood of files takes a while, which
+    must not delay that answer), then fork the next spare, which finds an empty scratch dir."""
+    _wipe_scratch(z.scratch, z.uid)
+    _wipe_shm(z)
     z.spare = _fork_spare(z)
 
 
@@ -1436,9 +1473,7 @@ def _run_stateless(z: _Zygote, req: dict) -> dict:
         _drain(z, state, out_r, err_r, res_r)
         for fd in (out_r, err_r, res_r):
             os.close(fd)
-    _wipe_scratch(z.scratch, z.uid)
-    _wipe_shm(z)
-    z.after = functools.partial(_restock, z)  # once the answer is sent
+    z.after = functools.partial(_restock, z)  # once the answer is sent: the wipe, then the next spare
     return _verdict(z, state)
 
 
@@ -2119,15 +2154,14 @@ def _close_holder(z: _Zygote, sid: int) -> dict:
 # ---- copy-on-write ahead of a cell
 #
 # A cell runs in a fork of the session's state, so every page it writes is first copied, one page
-# fault (~3 us) at a time: for a sympy solve about 1,500 faults, as long as the solve itself. The
+# fault at a time: for a sympy solve, as long as the solve itself (docs/speed.md). The
 # pages a cell writes are mostly the same from one cell to the next (interpreter state, caches,
 # reference counts of the library objects it uses). So a runner that just ran a cell lists the
 # pages it wrote, and its own runner copies them in bulk while it waits for the next cell, which
 # in a rollout is while the model generates. (A stateless spare copies, the same way, the pages a
-# probe run of PROBE_CODE wrote.) The list is made after every cell (2-3 ms, after the
-# answer): it holds the pages copied ahead too, so it grows slowly towards the set the session's
-# cells keep writing (1,300 to 1,700 pages over 40 sympy solves), capped at COPY_AHEAD_MAX_PAGES.
-# Listing only after cells that faulted a lot let it go stale: 140 faults a cell instead of 55.
+# probe run of PROBE_CODE wrote.) The list is made after every cell, after the answer: it holds
+# the pages copied ahead too, so it grows slowly towards the set the session's cells keep writing,
+# capped at COPY_AHEAD_MAX_PAGES. Listing only after cells that faulted a lot let it go stale.
 # Only speed depends on this: any failure skips it.
 
 def _written_pages() -> list:

@@ -24,8 +24,8 @@ the middle; a call is rendered in the chosen tool format whatever the data's too
 the code from `arguments.code`. For generated data the tool output is the program's raw stdout,
 trailing newline included, which is exactly what the sandbox shows the model during RL.
 
-Training: AdamW, linear warmup then linear decay, packed micro-batches (grpo.pack), log-probs from
-grpo.token_logprobs (lm_head applied in chunks, only on loss tokens: never a (T, vocab) float32
+Training: AdamW, linear warmup then linear decay, packed micro-batches (packing.pack), log-probs from
+packing.token_logprobs (lm_head applied in chunks, only on loss tokens: never a (T, vocab) float32
 tensor), token-mean loss over each optimizer batch. The paper's SFT recipe (LLaMA-Factory style,
 several epochs on 3K conversations) is not reproduced; this is a CPU-sized warm-up.
 
@@ -62,7 +62,6 @@ from data.models import cache_dir, load_model, load_tokenizer
 Args = config.SftArgs  # model and seed (config.Common), the cold start's own settings (config.Sft)
 
 
-SFT_VERSION = 1           # bump when the recipe or its defaults change, so cached warm starts are rebuilt
 MARKER = "cleaner_sft.json"
 EVAL_SEED_OFFSET = 10_000  # eval problems come from another seed's stream than the training ones
 TOOL_FORMATS = ("markdown", "hermes")
@@ -492,7 +491,7 @@ def run(args: Args) -> dict:
         if logf:
             logf.close()
     summary["first_loss"], summary["last_loss"] = stats[0]["loss"], stats[-1]["loss"]
-    meta = dict(version=SFT_VERSION, base_model=args.common.model, tool_format=args.sft.tool_format, seed=args.common.seed,
+    meta = dict(base_model=args.common.model, tool_format=args.sft.tool_format, seed=args.common.seed,
                 conversations=len(seqs), data=args.sft.data, train_s=summary["train_s"],
                 first_loss=summary["first_loss"], last_loss=summary["last_loss"], created=time.time(), pid=os.getpid(),
                 args=config.flat(args))
@@ -517,15 +516,51 @@ def _is_complete(folder: Path) -> bool:
     try:
         meta = json.loads((folder / MARKER).read_text())
         json.loads((folder / "config.json").read_text())
-        return meta.get("version") == SFT_VERSION and (folder / "model.safetensors").exists()
+        return isinstance(meta, dict) and (folder / "model.safetensors").exists()
     except (OSError, ValueError):
         return False
 
 
+# What shapes a warm start besides its settings: the code and the texts that write its conversations (prompts,
+# tool texts, the sandbox's real errors, the generator, the fixes it teaches) and that train it (the recipe's
+# defaults in config.py, packing). Their source is part of the cache key, so that rewording a prompt or an error
+# text builds a new warm start instead of training on the old one.
+SHAPED_BY = ("sft.py", "config.py", "rollout.py", "tools.py", "sandbox.py", "saar.py", "packing.py", "precision.py",
+             "data/synth.py", "data/models.py")
+
+
+def cache_key(model_name: str, tool_format: str, seed: int, n: int, overrides: dict) -> str:
+    """sha256 of the settings, the source of SHAPED_BY, the base model's files (a local folder or an offline
+    model's built folder; a hub id by name) and the torch and transformers versions."""
+    from importlib import metadata
+
+    from data import models
+    root = Path(__file__).resolve().parent
+    h = hashlib.sha256(json.dumps(dict(tool_format=tool_format, seed=seed, n=n, overrides=overrides),
+                                  sort_keys=True, default=str).encode())
+    for name in SHAPED_BY:
+        h.update(name.encode() + (root / name).read_bytes())
+    try:
+        folder = Path(models.resolve(model_name))
+    except Exception:  # a name resolve() cannot place: keyed by the name alone
+        folder = Path("/nonexistent")
+    if folder.is_dir():
+        for f in sorted(folder.iterdir()):
+            if f.is_file() and f.name != MARKER:  # a warm start's own build record changes with every build
+                h.update(f.name.encode())
+                with open(f, "rb") as fh:
+                    h.update(hashlib.file_digest(fh, "sha256").digest())
+    else:
+        h.update(model_name.encode())
+    h.update(" ".join(metadata.version(d) for d in ("torch", "transformers")).encode())
+    return h.hexdigest()[:12]
+
+
 def warm_start(model_name: str, *, tool_format: str = "markdown", seed: int = 0, n: int = 128,
                cache: str | os.PathLike | None = None, **overrides) -> str:
-    """Path of a model fine-tuned by this script for (model, tool_format, seed, n, recipe version),
-    trained once on generated warm-up conversations and cached under <cache_dir>/sft/<key>.
+    """Path of a model fine-tuned by this script for (model, tool_format, seed, n, overrides), trained once on
+    generated warm-up conversations and cached under <cache_dir>/sft/<key>, the key also covering the code and
+    texts that shape it (cache_key).
 
     overrides are other Args fields (e.g. epochs=1); they are part of the cache key. No evaluation
     runs here. Two processes racing on one key both train; the first rename wins.
@@ -534,12 +569,10 @@ def warm_start(model_name: str, *, tool_format: str = "markdown", seed: int = 0,
     if unknown:
         raise TypeError(f"warm_start: unknown Args fields {sorted(unknown)}")
     p = Path(model_name).expanduser()
-    ident = dict(model=str(p.resolve()) if p.exists() else model_name, tool_format=tool_format, seed=seed, n=n,
-                 version=SFT_VERSION, overrides=overrides)
-    digest = hashlib.sha1(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    digest = cache_key(str(p.resolve()) if p.exists() else model_name, tool_format, seed, n, overrides)
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", p.name or model_name)[-40:]
     final = Path(cache) if cache is not None else cache_dir() / "sft"
-    final = final / f"{slug}-{tool_format}-s{seed}-n{n}-v{SFT_VERSION}-{digest}"
+    final = final / f"{slug}-{tool_format}-s{seed}-n{n}-{digest}"
     if _is_complete(final):
         print(f"[sft] warm start: using cached {final}", file=sys.stderr)
         return str(final)

@@ -92,3 +92,14 @@ def test_stale_engine_weights_are_caught_and_said_once(tmp_path, monkeypatch, ca
     assert len(warnings) == 1 and warnings[0].startswith("warning: step 2:") and "stale" in warnings[0]
     assert out.index("step    1 |") < out.index(warnings[0]) < out.index("step    2 |")
     assert "| mismatch_kl " in out
+
+
+def test_seq_masking_clamps_the_sum_as_verl_does_not_each_token():
+    """veRL's sequence rejection clamps the summed log-ratio to [-20, 20], not each token's: tokens at +25 and -22
+    sum to +3, a ratio of e^3 past the threshold of 2, so the sequence is dropped (each token clamped first, the
+    sum would be 0 and the sequence kept)."""
+    b = [seq([0, 1, 1], [0.0, 0.0, -22.0], [0.0, -25.0, 0.0])]
+    assert mismatch.correct(b, "seq", 2.0)["rollout_is_dropped_seqs"] == 1.0
+    assert b[0].loss_mask == [0, 0, 0]
+    b = [seq([0, 1, 1], [0.0, 0.0, -40.0], [0.0, -40.0, 0.0])]  # +40 and -40: a sum of 0, kept
+    assert mismatch.correct(b, "seq", 2.0)["rollout_is_dropped_seqs"] == 0.0

@@ -259,6 +259,26 @@ def test_invalid_utf8(sb, contained):
 
 # ---- filesystem, network, environment
 
+def test_a_flood_of_files_does_not_delay_the_answer(sb, contained):
+    """The scratch dir is wiped after the answer is sent, not before: a call that leaves 150,000 files gets its
+    answer as soon as its code ends (the wipe took over a second before issue 44), and the next call still
+    finds the scratch dir empty."""
+    code = ("import os, time\n"
+            "t = time.monotonic()\n"
+            "for i in range(150_000):\n"
+            "    open(f'f{i}', 'w').close()\n"
+            "print(len(os.listdir('.')), time.monotonic() - t)")
+    t0 = time.monotonic()
+    r = sb.run(code)
+    wall = time.monotonic() - t0
+    assert r.ok, tool_text(r)
+    n, inner = r.stdout.split()
+    assert int(n) >= 150_000
+    assert wall - float(inner) < 0.5, (wall, inner)  # the process start and the answer, no wipe
+    r = sb.run("import os; print(os.listdir('.'))")
+    assert r.ok and r.stdout.strip() == "[]", tool_text(r)
+
+
 def test_rm_rf_outside_scratch(sb, contained, victim):
     if not {"bwrap", "uid"} & set(sb.layers):
         pytest.skip("without bwrap or a separate uid the code owns what the trainer owns")
@@ -358,28 +378,64 @@ def test_a_deep_directory_tree_does_not_break_a_worker(sb, contained):
     assert r.ok and tool_text(r) == "[] []\n", tool_text(r)
 
 
-def test_answers_graders_and_runs_are_hidden_from_the_code(tmp_path, contained):
-    """A policy that reads the answer key would be rewarded for it: with bwrap, the checkout (reward.py, tests,
-    run folders), the problem sets beside it, the caches and the caller's folders are empty to the code, while
-    the interpreter and its libraries (a venv inside the checkout too) still work."""
+@pytest.mark.parametrize("mode,layer", [("bwrap", "bwrap"), ("fallback", "mountns")])
+def test_answers_graders_and_runs_are_hidden_from_the_code(tmp_path, contained, mode, layer):
+    """A policy that reads the answer key would be rewarded for it: with bwrap, and on the fallback with a mount
+    namespace of its own (root), the checkout (reward.py, tests, run folders), the problem sets beside it (an
+    answer of aime24.jsonl), the caches and the caller's folders are empty to the code, while the interpreter
+    and its libraries (a venv inside the checkout too) still work."""
     run_dir = tmp_path / "out"
     (run_dir / "rollouts").mkdir(parents=True)
     (run_dir / "rollouts" / "step_1.jsonl").write_text('{"answer": "42"}')
-    with Sandbox(slots=1, timeout_s=LONG, hide=(str(run_dir),)) as sb:
-        if "bwrap" not in sb.layers:
-            pytest.skip("only bubblewrap can hide folders")
-        repo = Path(__file__).resolve().parents[1]
-        shared = repo.parent / "shared"
+    repo = Path(__file__).resolve().parents[1]
+    shared = repo.parent / "shared"
+    answers = shared / "data" / "aime24.jsonl"
+    with Sandbox(slots=1, timeout_s=LONG, hide=(str(run_dir),), **MODES[mode]) as sb:
+        if layer not in sb.layers:
+            pytest.skip(f"no {layer} layer here")
         code = ("import os, numpy\n"
                 f"for d in {[str(repo), str(repo / 'tests'), str(shared), str(run_dir)]!r}:\n"
                 "    print(d, sorted(os.listdir(d)) if os.path.isdir(d) else 'absent')\n"
-                f"print(os.path.exists({str(repo / 'reward.py')!r}), int(numpy.ones(3).sum()))")
+                f"print(os.path.exists({str(repo / 'reward.py')!r}), int(numpy.ones(3).sum()))\n"
+                f"print(os.path.exists({str(answers)!r}))")
         r = sb.run(code)
     assert r.ok, tool_text(r)
     lines = tool_text(r).splitlines()
     assert not any(f"'{name}'" in lines[0] for name in ("reward.py", "tests", "train.py")), lines[0]  # only what runs
     assert all(line.endswith(" []") or line.endswith(" absent") for line in lines[1:4]), lines
-    assert lines[4] == "False 3"
+    assert lines[4] == "False 3" and lines[5] == "False"
+
+
+def test_the_fallback_runs_with_the_checkout_and_the_venv_under_tmp(tmp_path):
+    """The fallback's mount namespace puts an empty tmpfs over /tmp: a venv or a checkout living there must be
+    bound back (read-only, as bwrap does), or the zygote cannot import numpy. A real venv in tmp_path with numpy
+    and sympy copied in, and sandbox.py copied beside it, as a fresh clone in /tmp would have them."""
+    if os.geteuid() != 0:
+        pytest.skip("the fallback's mount namespace needs root")
+    assert str(tmp_path).startswith("/tmp/")
+    venv, checkout = tmp_path / "venv", tmp_path / "checkout"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    here = Path(__import__("numpy").__file__).resolve().parents[1]
+    for name in ("numpy", "numpy.libs", "sympy", "mpmath"):
+        if (here / name).is_dir():
+            shutil.copytree(here / name, site / name, symlinks=True)
+    checkout.mkdir()
+    shutil.copy(Path(__file__).resolve().parents[1] / "sandbox.py", checkout / "sandbox.py")
+    (checkout / "reward.py").write_text("ANSWER = 42\n")
+    (tmp_path / "go.py").write_text(
+        "import sys\n"
+        "sys.path.insert(0, sys.argv[1])\n"
+        "from sandbox import Sandbox\n"
+        "with Sandbox(slots=1, timeout_s=20.0, use_bwrap=False) as sb:\n"
+        "    r = sb.run(f'import os, numpy, sympy; print(numpy.__file__, sympy.Integer(6) * 7, '\n"
+        "               f'sorted(os.listdir({sys.argv[1]!r})))')\n"
+        "    print(sb.layers, r.ok, r.stdout, r.error_kind, r.exception_text)\n")
+    out = subprocess.run([str(venv / "bin" / "python"), str(tmp_path / "go.py"), str(checkout)], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "'mountns'" in out.stdout and " True " in out.stdout, out.stdout + out.stderr[-2000:]
+    assert f"{site}/numpy/__init__.py 42 ['sandbox.py']" in out.stdout, out.stdout  # the venv's numpy; reward.py hidden
 
 
 def test_syntax_error_shows_the_line(sb, contained):

@@ -217,10 +217,10 @@ def test_warm_start_trains_once_saves_a_loadable_model_and_reuses_it(tmp_path):
     assert json.loads((Path(path) / sft.MARKER).read_text())["created"] == marker["created"]  # not retrained
     assert sft.warm_start("tiny-bytes", **(kw | {"seed": 1})) != path  # another key, another model
 
-    # a folder whose marker is from an older recipe is retrained
-    (Path(path) / sft.MARKER).write_text(json.dumps(marker | {"version": 0}))
+    # a folder whose marker is unreadable (a killed build, a damaged file) is retrained
+    (Path(path) / sft.MARKER).write_text("{")
     assert sft.warm_start("tiny-bytes", **kw) == path
-    assert json.loads((Path(path) / sft.MARKER).read_text())["version"] == sft.SFT_VERSION
+    assert json.loads((Path(path) / sft.MARKER).read_text())["created"] > marker["created"]
     with pytest.raises(TypeError, match="unknown Args fields"):
         sft.warm_start("tiny-bytes", cache=tmp_path, learning_rate=1.0)
 
@@ -256,3 +256,34 @@ def test_eval_rolls_out_and_counts_calls_and_answers(fmt):
                            ["<tool_call>\n{not json}\n</tool_call>", f"\\boxed{{{answer}1}}<|im_end|>"])
     r = sft.evaluate(wrong, tok, tool_format=fmt, n=1, seed=7)
     assert (r["blocks"], r["right"], r["final"]) == (0, 0, 0), r
+
+
+def test_rewording_a_prompt_or_an_error_text_builds_a_new_warm_start(tmp_path):
+    """The warm start's cache key covers the code and texts that write its conversations: in a copy of the
+    checkout, rewording the math prompt (rollout.py) gives another key, so warm_start trains a new model rather
+    than reuse the old one, and so does rewording the timeout error the model reads (tools.py)."""
+    import shutil
+    import subprocess
+    import sys
+    root = Path(sft.__file__).resolve().parent
+    copy = tmp_path / "checkout"
+    shutil.copytree(root, copy, ignore=shutil.ignore_patterns(".git", ".venv*", "__pycache__", "out", "tests",
+                                                                 "docs", "bench", "scripts"))
+
+    def key() -> str:
+        code = "import sft; print(sft.cache_key('tiny-bytes', 'markdown', 0, 1, {}))"
+        return subprocess.run([sys.executable, "-c", code], cwd=copy, capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    def reword(name: str, old: str, new: str) -> None:
+        f = copy / name
+        assert old in f.read_text()
+        f.write_text(f.read_text().replace(old, new))
+    first = key()
+    assert key() == first  # the same source, the same key
+    reword("rollout.py", "Solve the following math problem step by step.", "Solve this math problem carefully.")
+    second = key()
+    assert second != first
+    reword("tools.py", "the code ran longer than the", "your code took longer than the")
+    assert key() not in (first, second)
+    assert sft.cache_key("tiny-bytes", "markdown", 0, 1, {}) == first  # the checkout itself: the copy's first key
