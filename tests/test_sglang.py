@@ -235,7 +235,7 @@ def free_port() -> int:
 def test_http_server_mode_generates_and_takes_the_same_weight_push(tok, policy, tmp_path):
     """--sglang-url: a server this test starts on loopback, and the same calls over HTTP; CPU tensors travel by
     name through /dev/shm (file_system sharing), so the server must be on this machine, as the adapter says."""
-    port, shm = free_port(), sglang_shm()
+    port, shm = free_port(), set(os.listdir("/dev/shm"))
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", models.resolve(NAME), "--host", "127.0.0.1",
            "--port", str(port), "--dtype", DTYPE, "--device", DEVICE, "--mem-fraction-static", "0.3"]
     if DEVICE == "cpu":
@@ -281,8 +281,7 @@ def test_http_server_mode_generates_and_takes_the_same_weight_push(tok, policy, 
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
         log.close()
-        for name in sglang_shm() - shm:  # what the server, a process of the user's, leaves: not the adapter's
-            os.unlink(f"/dev/shm/{name}")
+        engine._remove_orphan_shm(shm)  # what the server, a process of the user's, leaves: not the adapter's
 
 
 # ---------------------------------------------------------------------------------------------- train.py
