@@ -115,8 +115,9 @@ def main():
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     figures = {f"hf_b{b}": statistics.median(t) for b, t in hf.items()}
     for b, t in hf.items():
-        print(f"hf    batch {b:2d}: {figures[f'hf_b{b}']:6.1f} tok/s (reps {', '.join(f'{x:.1f}' for x in t)})", flush=True)
-    print(f"hf    peak RSS {rss:.1f} GB", flush=True)
+        print(f"{'hf':7s}batch {b:2d}: {figures[f'hf_b{b}']:6.1f} tok/s (reps {', '.join(f'{x:.1f}' for x in t)})",
+              flush=True)
+    print(f"{'hf':7s}peak RSS {rss:.1f} GB", flush=True)
 
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(prompts, f)
@@ -135,10 +136,10 @@ def main():
         for b in (1, 16):
             figures[f"{kind}_b{b}"] = statistics.median(res[str(b)])
             figures[f"ratio_{kind}_b{b}"] = figures[f"hf_b{b}"] / figures[f"{kind}_b{b}"]
-            print(f"{kind:6s}batch {b:2d}: {figures[f'{kind}_b{b}']:6.1f} tok/s (reps "
+            print(f"{kind:7s}batch {b:2d}: {figures[f'{kind}_b{b}']:6.1f} tok/s (reps "
                   f"{', '.join(f'{x:.1f}' for x in res[str(b)])}): hf/{kind} {figures[f'ratio_{kind}_b{b}']:.2f}x",
                   flush=True)
-        print(f"{kind:6s}peak RSS {res['rss_gb']:.1f} GB", flush=True)
+        print(f"{kind:7s}peak RSS {res['rss_gb']:.1f} GB", flush=True)
         agree = [next((i for i, (x, y) in enumerate(zip(h, v)) if x != y), len(h))
                  for h, v in zip(hf_tokens, res["tokens"])]
         figures[f"same_tokens_{kind}"] = sum(n == a.new_tokens for n in agree)
