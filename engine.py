@@ -870,8 +870,9 @@ def _remove_orphan_shm(before: set[str]) -> None:
 
 
 def _reap_children(wait_s: float = 10.0) -> None:
-    """Collect the exit status of this process's children that kill_process_tree left as zombies (some die a
-    moment after it returns): no process of the engine's outlives shutdown, not even in the process table."""
+    """Collect the exit status of this process's children that kill_process_tree left as zombies, again while
+    reaping turns up more, for at most wait_s: no process of the engine's outlives shutdown, not even in the
+    process table."""
     import psutil  # an SGLang dependency
     deadline = time.monotonic() + wait_s
     while True:

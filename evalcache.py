@@ -66,12 +66,8 @@ def key(args, model_path: str, templates: dict | None = None) -> str | None:
     if not folder.is_dir():
         return None
     h = hashlib.sha256()
-    for f in sorted(folder.iterdir()):
-        if f.is_file() and f.name != sft.MARKER:  # the cold start's build record: its timings and pid change with
-            # every rebuild of the same weights, which are hashed
-            h.update(f.name.encode())
-            with open(f, "rb") as fh:
-                h.update(hashlib.file_digest(fh, "sha256").digest())
+    # not the cold start's build record: its timings and pid change with every rebuild of the same weights
+    models.hash_files(h, folder, skip=(sft.MARKER,))
     fields = {k: v for k, v in config.flat(args).items() if k not in NOT_IN_EVAL}
     fields["templates"] = templates  # the wording --prompt-template loaded, not its path
     h.update(json.dumps(fields, sort_keys=True).encode())

@@ -540,17 +540,10 @@ def cache_key(model_name: str, tool_format: str, seed: int, n: int, overrides: d
                                   sort_keys=True, default=str).encode())
     for name in SHAPED_BY:
         h.update(name.encode() + (root / name).read_bytes())
-    try:
-        folder = Path(models.resolve(model_name))
-    except Exception:  # a name resolve() cannot place: keyed by the name alone
-        folder = Path("/nonexistent")
+    folder = Path(models.resolve(model_name))
     if folder.is_dir():
-        for f in sorted(folder.iterdir()):
-            if f.is_file() and f.name != MARKER:  # a warm start's own build record changes with every build
-                h.update(f.name.encode())
-                with open(f, "rb") as fh:
-                    h.update(hashlib.file_digest(fh, "sha256").digest())
-    else:
+        models.hash_files(h, folder, skip=(MARKER,))  # a warm start's own build record changes with every build
+    else:  # a hub id
         h.update(model_name.encode())
     h.update(" ".join(metadata.version(d) for d in ("torch", "transformers")).encode())
     return h.hexdigest()[:12]

@@ -114,6 +114,17 @@ def resolve(name: str | os.PathLike) -> str:
                      f"and not one of the offline models {', '.join(OFFLINE)}")
 
 
+def hash_files(h, folder: Path, skip: tuple[str, ...] = ()) -> None:
+    """Feed the files of a model folder (sorted; not those named in skip, nor subfolders), each name and its
+    sha256, to the hashlib object h: the folder's identity by content (evalcache's and sft's cache keys)."""
+    import hashlib
+    for f in sorted(Path(folder).iterdir()):
+        if f.is_file() and f.name not in skip:
+            h.update(f.name.encode())
+            with open(f, "rb") as fh:
+                h.update(hashlib.file_digest(fh, "sha256").digest())
+
+
 @functools.lru_cache(maxsize=8)
 def load_tokenizer(name: str):
     """Cached: a Qwen tokenizer takes seconds to load, and nothing here mutates one."""
