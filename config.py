@@ -276,6 +276,9 @@ class Engine:
     with the policy's own weights, another dtype gets a copy, refreshed after each update"""
     deterministic: bool = False
     """bit-exact runs: one request at a time in the engine, deterministic kernels"""
+    lockstep: bool = True
+    """the HF engine decodes only while every live trajectory waits on it, so that a batch's make-up, and so a
+    matmul's last bits, follow the tokens and not the clock (a sandbox call pauses decoding)"""
 
 
 @dataclass
@@ -285,6 +288,9 @@ class Sandbox:
     """cells executing at once"""
     tool_timeout_s: float = 4.0
     """per-call time limit (paper: 4 s)"""
+    tool_clock: Literal["cpu", "wall"] = "cpu"
+    """what the limit counts: cpu (the call's CPU time, the wall clock at 3x for code that sleeps), so that a loaded
+    machine gives the verdicts of a quiet one; wall (the official code)"""
     tool_memory_mb: int = 1024
     """per-call address-space limit"""
 
@@ -412,7 +418,7 @@ class SftArgs:
 # --faithful: the official code's (Open-CLEANER, veRL) choices where our defaults differ, in one place
 FAITHFUL = dict(warmup_unit="train", agg="verl-token-mean", math_grader="strict-box", tool_echo=True,
                 tool_header=True, repair_json=True, tool_cap_ends=False, last_turn_calls=False, sim_eos=True,
-                max_prompt_tokens=2560, lcb_grader="official", rollout_is="none")
+                max_prompt_tokens=2560, lcb_grader="official", rollout_is="none", tool_clock="wall")
 
 
 def sections(args) -> list:

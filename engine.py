@@ -108,6 +108,11 @@ class _Req:
     stop_window: int = 0         # how many trailing tokens to decode when matching stop strings
 
 
+def _arrival_free(r: _Req) -> tuple:
+    """Lockstep's admission order: by the request's tokens, then its seed."""
+    return r.ids, -1 if r.params is None or r.params.seed is None else r.params.seed
+
+
 class HFEngine:
     """Continuous-batching generation with transformers on CPU.
 
@@ -126,10 +131,15 @@ class HFEngine:
 
     deterministic=True runs every request alone (batch of 1) with its own seeded generator
     and no prefix-cache reuse, so its tokens depend only on (weights, input_ids, params).
+
+    lockstep=True: a step decodes only while every live trajectory of `track`'s waits on the engine, and
+    queued requests join in the order of their tokens and seeds, not of their arrival. Which rows share a
+    step, and so a matmul's last bits, then follow the tokens and not the clock (how long a sandbox call
+    took, what else ran on the machine); a sandbox call pauses decoding instead of overlapping it.
     """
 
     def __init__(self, model, tokenizer, *, max_batch: int = 16, device=None, deterministic: bool = False,
-                 eos_token_ids=None, prefix_cache_tokens: int = 32768, pack: bool = True):
+                 eos_token_ids=None, prefix_cache_tokens: int = 32768, pack: bool = True, lockstep: bool = False):
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         if getattr(cfg, "use_sliding_window", False) or "sliding_attention" in (getattr(cfg, "layer_types", None) or []):
             raise ValueError("HFEngine supports full-attention models only (this config uses sliding-window "
@@ -167,6 +177,9 @@ class HFEngine:
         self.stats = {"decode_steps": 0, "prefills": 0, "generated_tokens": 0, "max_rows": 0,
                       "joined_running_batch": 0, "prefix_hit_tokens": 0, "cache_rebuilds": 0}
         self._queue: list[_Req] = []
+        self.lockstep = lockstep
+        self._tracked: list[asyncio.Task] = []  # lockstep: the trajectories whose turns the engine waits for
+        self._wake: asyncio.Event | None = None  # set by a submission or a finished trajectory
         self._closed = False
         self._driver: asyncio.Task | None = None  # the task that runs the forward passes, in a caller's loop
         # running batch state (the driver's only)
@@ -216,6 +229,13 @@ class HFEngine:
         self._pack()
         self._flush_prefix()
 
+    def track(self, tasks: list) -> None:
+        """Lockstep: the asyncio tasks of live trajectories (rollout.rollout_batch's), each with at most one
+        request in the engine at a time; the engine waits, before each step, until every live one has one."""
+        self._tracked += tasks
+        for t in tasks:
+            t.add_done_callback(lambda _: self._wake and self._wake.set())
+
     def release_memory(self) -> None:  # nothing to give back on CPU
         pass
 
@@ -224,6 +244,8 @@ class HFEngine:
 
     def shutdown(self) -> None:
         self._closed = True  # the driver fails what is left at its next step
+        if self._wake is not None:
+            self._wake.set()
 
     # ---- submission (any event loop; every caller in one thread, as the forward passes run in it)
 
@@ -251,6 +273,8 @@ class HFEngine:
         if self._closed:
             raise RuntimeError("engine is shut down")
         self._queue.append(req)
+        if self._wake is not None:
+            self._wake.set()
         d = self._driver  # a driver whose loop has stopped (its run_until_complete returned) serves no one
         if d is None or d.done() or (d.get_loop() is not req.loop and not d.get_loop().is_running()):
             self._driver = req.loop.create_task(self._drive())
@@ -276,6 +300,7 @@ class HFEngine:
         """Serve the queue, one step at a time, between the loop's other tasks (rollouts, sandbox results),
         until it is empty. A newer driver (started in another loop while this one's was stopped) replaces it."""
         me = asyncio.current_task()
+        self._wake = asyncio.Event()
         while True:
             if self._driver is not me:
                 return
@@ -285,6 +310,13 @@ class HFEngine:
             if not (self._queue or self._rows):
                 self._driver = None
                 return
+            if self._tracked:
+                self._tracked = [t for t in self._tracked if not t.done()]
+                if len(self._queue) + len(self._rows) < len(self._tracked):  # some trajectory is in the sandbox
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                self._queue.sort(key=_arrival_free)
             free = self.max_batch - len(self._rows)
             scores = [r for r in self._queue if r.kind == "score"]
             gens = [r for r in self._queue if r.kind == "gen"][:max(free, 0)]
@@ -560,7 +592,7 @@ SGLANG_VERSION = "0.5.23"  # the release this adapter is written and contract-te
 
 def build_engine(kind: str, tokenizer, *, model=None, model_path: str | None = None, max_batch: int = 32,
                  deterministic: bool = False, dtype: str = "bfloat16", mem_fraction_static: float = 0.5, seed: int = 0,
-                 server_url: str | None = None, device: str = "cuda"):
+                 server_url: str | None = None, device: str = "cuda", lockstep: bool = False):
     """The one place an engine is made (train.py, eval.py, sft.py). "hf" decodes with `model`, an already
     loaded torch model (on one process the policy itself: no copy, no sync); "sglang" loads `model_path`
     (a local folder) into an in-process SGLang engine on `device` (cuda or cpu), or talks to the server at
@@ -568,7 +600,7 @@ def build_engine(kind: str, tokenizer, *, model=None, model_path: str | None = N
     if kind == "hf":
         if model is None:
             raise ValueError("build_engine('hf') needs the loaded model")
-        return HFEngine(model, tokenizer, max_batch=max_batch, deterministic=deterministic)
+        return HFEngine(model, tokenizer, max_batch=max_batch, deterministic=deterministic, lockstep=lockstep)
     if kind == "sglang":
         return SGLangEngine(model_path=model_path, server_url=server_url, deterministic=deterministic, dtype=dtype,
                             mem_fraction_static=mem_fraction_static, seed=seed, eos_token_ids=[tokenizer.eos_token_id],

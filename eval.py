@@ -96,9 +96,9 @@ def build(args: config.Eval):
           f"{r.max_turns} turns, tool format {fmt}", flush=True)
     model = None if sglang else models.load_model(c.model, dtype=getattr(torch, e.dtype), device=device).eval()
     eng = build_engine(e.engine, tok, model=model, model_path=models.resolve(c.model) if sglang else None,
-                       max_batch=e.engine_batch, deterministic=e.deterministic, dtype=e.dtype,
-                       mem_fraction_static=e.sglang_mem_fraction, seed=c.seed, server_url=e.sglang_url or None,
-                       device=device)
+                       max_batch=e.engine_batch, deterministic=e.deterministic, lockstep=e.lockstep,
+                       dtype=e.dtype, mem_fraction_static=e.sglang_mem_fraction, seed=c.seed,
+                       server_url=e.sglang_url or None, device=device)
     return tok, eng, dataclasses.replace(r, tool_format=fmt, max_response_tokens=budget)
 
 
@@ -115,7 +115,7 @@ def generate(args: config.Eval, problems: list[Problem]) -> list[dict]:
     tok, eng, cfg = build(args)
     records, loop = [], asyncio.new_event_loop()
     code = any(BENCHMARKS[p.meta["benchmark"]].task == "code" for p in problems)
-    with Sandbox(slots=s.sandbox_slots, timeout_s=s.tool_timeout_s, memory_mb=s.tool_memory_mb,
+    with Sandbox(slots=s.sandbox_slots, timeout_s=s.tool_timeout_s, memory_mb=s.tool_memory_mb, clock=s.tool_clock,
                  hide=data_folders(b)) as sb, (judge_sandbox(b) if code else contextlib.nullcontext()) as judge:
         for bench in dict.fromkeys(p.meta["benchmark"] for p in problems):
             mine = [p for p in problems if p.meta["benchmark"] == bench]

@@ -455,6 +455,8 @@ async def rollout_batch(engine, sandbox, tokenizer, prompts: list[list[int]], cf
     metas = metas or [{}] * len(prompts)
     tasks = [asyncio.ensure_future(rollout_one(engine, sandbox, tokenizer, p, cfg, saar, saar_p=saar_p, seed=s, meta=m))
              for p, s, m in zip(prompts, seeds, metas)]
+    if getattr(engine, "lockstep", False):  # HFEngine(lockstep=True): it decodes while all of them wait on it
+        engine.track(tasks)
     if progress:
         from tqdm import tqdm
         bar = tqdm(total=len(tasks), desc="rollout", leave=False)

@@ -22,8 +22,9 @@ What runs where
   ahead of time (the spare): it has dropped privileges, set up its streams and copied ahead the
   pages a typical run writes (learnt once by a probe run), and waits for the code (at nice 10, set
   back to 0 when the code arrives, where the zygote may lower a nice value). The zygote
-  drains stdout/stderr (keeping head and tail), enforces the wall-clock timeout and the
-  output-flood limit with SIGKILL, then kills whatever the code left running, wipes the scratch
+  drains stdout/stderr (keeping head and tail), enforces the time limit and the
+  output-flood limit with SIGKILL (`clock="cpu"`: the code's CPU time, read between polls, with the wall
+  clock as a backstop), then kills whatever the code left running, wipes the scratch
   dir, answers, and forks the next spare while the model generates. Time spent waiting for a free
   slot does not count.
 - `session()` (stateful, like a Jupyter kernel): the zygote forks a holder process that keeps the
@@ -65,12 +66,14 @@ What is covered (layers used when available; `Sandbox.layers` lists the active o
   unprivileged uid cannot enter (e.g. /root holding a pyenv Python) are masked with an empty tmpfs
   and only the interpreter's own directories are re-exposed, read-only. So are the folders the code
   must not read (`_hidden`: this checkout with its graders, tests and run folders, the problem sets
-  beside it, the caches, and the caller's `hide=`): only this file and a venv inside are bound back.
+  beside it, the caches, the caller's `hide=`, and the host's top-level folders but the system's). What the
+  zygote needs from them, a venv and this file, is bound at /run/sandbox (`_placed`) and run from there, so
+  that no path the code can find (argv, sys.path, the environment, /proc/self/maps) names the checkout.
 - netns / mountns: without bwrap, root unshares a network namespace (no interfaces up) and a mount
   namespace in which /tmp (scratch_mb, holding the scratch dirs), /var/tmp, /run and /var/crash are
   root-owned tmpfs and /dev/shm a 64 MB tmpfs wiped after every execution; the folders of `_hidden` are
   empty there too, and what the zygote needs below any of them (the interpreter, a venv, this file) is
-  bound back read-only, as under bwrap.
+  bound back read-only, as under bwrap; then the zygote runs itself again from /run/sandbox (`_enter_placed`).
 - hidepid: with bwrap or mountns, /proc is a new instance with hidepid=invisible: the code sees only
   the processes of its own uid (its own run or session), not the trainer's, the zygote's or another
   session's, nor their command lines.
@@ -90,7 +93,7 @@ What is covered (layers used when available; `Sandbox.layers` lists the active o
   execution or one session at a time. SysV IPC objects a uid owns or created (were the filter missing)
   are removed after each run of a slot, when a session closes, before a uid is given to a new session,
   when a zygote starts and exits, and by Sandbox.close() (a zygote killed before it could clean up).
-- rlimits: address space (preloaded libraries plus memory_mb), CPU (a backstop for the wall-clock
+- rlimits: address space (preloaded libraries plus memory_mb), CPU (a backstop for the zygote's
   kill), file size, open files, processes (with a uid), core dumps off.
 - a scrubbed environment (no secrets from the trainer), stdin from /dev/null unless given.
 - the zygote is a child subreaper: setsid and double-fork escapees are reparented to it and killed
@@ -165,6 +168,10 @@ UIDS_PER_SANDBOX = 10_000  # one uid per slot, the rest recycled for sessions
 NPROC_LIMIT = 128  # processes + threads per uid: room for a Pool, not for a fork bomb
 NOFILE_LIMIT = 512
 WATCHDOG_GRACE_S = 30.0  # a zygote that misses timeout + this is hung (it never should be)
+WALL_BACKSTOP = 3.0  # clock="cpu": the wall-clock limit, as a multiple of the CPU-time limit
+SYSTEM_TOP = ("bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "nix", "proc", "run", "sbin", "sys", "tmp", "usr",
+              "var")  # the top-level folders the code sees; _hidden empties the others
+PLACED = "/run/sandbox"  # where a zygote sees its interpreter's venv and this file when they sit in a hidden folder
 START_TIMEOUT_S = 180.0  # a zygote imports numpy + sympy; slow on a loaded 2-core machine
 MADV_POPULATE_WRITE = 23  # Linux 5.14+: fault pages in writable, breaking copy-on-write, in one call
 BACKGROUND_NICE = 10  # session processes between cells: copying ahead yields to the cells of other sessions
@@ -199,7 +206,7 @@ class ExecResult:
     stderr: str  # the same
     bytes_cut: int = 0  # bytes dropped from the middle of stdout + stderr
     duration_s: float = 0.0  # wall time of the execution itself, not of waiting for a slot
-    timeout_s: float = 0.0  # the limits it ran under: wall clock, memory, output
+    timeout_s: float = 0.0  # the limits it ran under: time (on the Sandbox's clock), memory, output
     memory_mb: int = 0
     flood_bytes: int = 0
     exception_type: str | None = None  # exception, syntax, memory: the class name, e.g. "ZeroDivisionError"
@@ -228,9 +235,12 @@ class Sandbox:
     def __init__(self, slots: int | None = None, timeout_s: float = 4.0, memory_mb: int = 1024,
                  max_output_bytes: int = 65536, flood_bytes: int = 4_000_000, scratch_mb: int = 512,
                  use_bwrap: bool = True, use_netns: bool = True, use_uid: bool = True,
-                 max_threads: int = 64, hide: tuple = ()):
+                 max_threads: int = 64, hide: tuple = (), clock: str = "wall"):
         """slots: zygotes, i.e. cells executing at once (default: the core count).
-        timeout_s: wall-clock limit per call (per-call `timeout_s=` overrides it).
+        timeout_s: time limit per call (per-call `timeout_s=` overrides it), on `clock`.
+        clock: "wall", the wall clock; or "cpu", the CPU time of the code's process (its threads, and the children
+        it waited for), with the wall clock at WALL_BACKSTOP times the limit for code that sleeps or forks. A
+        CPU-time limit gives the same verdicts on a loaded machine as on a quiet one.
         memory_mb: address space a call may add on top of the preloaded libraries.
         max_output_bytes: stdout and stderr each keep this many bytes (half head, half tail).
         flood_bytes: a call printing more than this in total is killed (kind output_limit).
@@ -244,6 +254,9 @@ class Sandbox:
             raise ValueError("Sandbox: timeout_s, memory_mb, flood_bytes, scratch_mb must be > 0 and max_output_bytes >= 2")
         if slots is not None and slots < 1:
             raise ValueError(f"Sandbox: slots must be >= 1, got {slots}")
+        if clock not in ("wall", "cpu"):
+            raise ValueError(f"Sandbox: clock must be 'wall' or 'cpu', got {clock!r}")
+        self.clock = clock
         self.slots = int(slots or os.cpu_count() or 1)
         self.timeout_s = float(timeout_s)
         self.memory_mb = int(memory_mb)
@@ -265,10 +278,10 @@ class Sandbox:
         echo: print the repr of a final bare expression when it is not None, as the official CLEANER tool does
         (off: the code is a plain script)."""
         timeout = _call_timeout(code, timeout_s, stdin, self.timeout_s)
-        req = {"op": "run", "code": code, "timeout": timeout, "stdin": stdin, "echo": bool(echo)}
+        req = {"op": "run", "code": code, "stdin": stdin, "echo": bool(echo), **_time_limits(timeout, self.clock)}
         resp, deaths = None, 0
         for _ in range(2):  # one retry of the sandbox's own failures
-            resp = self._pool.run(req, timeout)
+            resp = self._pool.run(req, req["wall"])
             if resp is None:
                 deaths += 1
             elif resp["kind"] != "sandbox_internal" or resp.get("retry") is False:
@@ -317,8 +330,8 @@ class Session:
             raise RuntimeError(f"session {self.sid} is closed")
         timeout = _call_timeout(code, timeout_s, stdin, self._sb.timeout_s)
         req = {"op": "cell", "sid": self.sid, "uid": self._uid, "rollback": self.rollback,
-               "code": code, "timeout": timeout, "stdin": stdin}
-        return _exec_result(self._sb._pool.cell(self, req, timeout), timeout, self._sb)
+               "code": code, "stdin": stdin, **_time_limits(timeout, self._sb.clock)}
+        return _exec_result(self._sb._pool.cell(self, req, req["wall"]), timeout, self._sb)
 
     async def arun(self, code: str, *, timeout_s: float | None = None, stdin: str | None = None) -> ExecResult:
         loop = asyncio.get_running_loop()
@@ -347,11 +360,39 @@ class Session:
 def _hidden(extra=()) -> list:
     """Folders the code must not read although the host may show them to anyone: this checkout (the graders,
     tests and run folders), the problem sets beside it (their answers: a policy could learn to read them),
-    the caches, and the caller's own. bwrap hides them, and so does the fallback's mount namespace (mountns)."""
+    the caches, the caller's own, and the host's top-level folders but the system's (SYSTEM_TOP: the home
+    folders, /opt, /srv, /mnt, ...). bwrap hides them, and so does the fallback's mount namespace (mountns)."""
     repo = os.path.dirname(THIS_FILE)
     cands = [repo, os.path.join(os.path.dirname(repo), "shared"), os.environ.get("CLEANER_DATA"),
              os.environ.get("CLEANER_CACHE"), os.path.join(os.path.expanduser("~"), ".cache", "cleaner"), *extra]
-    return sorted({os.path.realpath(p) for p in cands if p and os.path.isdir(p)} - {"/", "/tmp", "/usr", "/etc"})
+    # and every top-level folder but the system's, so that no listing shows where the checkout lives
+    cands += [os.path.join("/", n) for n in os.listdir("/") if n not in SYSTEM_TOP]
+    found = {os.path.realpath(p) for p in cands if p and os.path.isdir(p) and not os.path.islink(p)}
+    found -= {"/", "/tmp", "/usr", "/etc"}
+    return sorted(p for p in found if not any(p.startswith(q + "/") for q in found))  # the outermost
+
+
+def _placed(hide: list) -> dict:
+    """Where the zygote sees what it needs from a hidden folder (a venv in the checkout, this file): in a
+    folder of its own (PLACED), so that nothing it holds (its argv, sys.prefix, a module's path, the
+    libraries in /proc/self/maps) names the checkout. Host path -> the zygote's path."""
+    inside = lambda p: any(p == h or p.startswith(h + "/") for h in hide)  # noqa: E731
+    if not os.path.isdir("/run") or os.path.islink("/run"):  # PLACED lives in the private /run
+        return {}
+    moved = {}
+    if sys.prefix != sys.base_prefix and inside(os.path.realpath(sys.prefix)):
+        moved[os.path.realpath(sys.prefix)] = PLACED + "/venv"
+    if inside(os.path.realpath(THIS_FILE)):
+        moved[os.path.realpath(THIS_FILE)] = PLACED + "/sandbox.py"
+    return moved
+
+
+def _zygote_command(moved: dict) -> tuple:
+    """The interpreter and this file as the zygote sees them (_placed)."""
+    exe, prefix = sys.executable, os.path.realpath(sys.prefix)
+    if prefix in moved and exe.startswith(sys.prefix.rstrip("/") + "/"):
+        exe = moved[prefix] + exe[len(sys.prefix.rstrip("/")):]
+    return exe, moved.get(os.path.realpath(THIS_FILE), THIS_FILE)
 
 
 # Syscalls model code never needs, each a way out of the sandbox, into another execution, or onto kernel
@@ -416,13 +457,14 @@ class _Pool:
             uid_base = 10_000_000 + random.randrange(100_000) * UIDS_PER_SANDBOX
             self._free_uids = list(range(uid_base + UIDS_PER_SANDBOX - 1, uid_base + slots - 1, -1))
         self._hide = _hidden(hide)
-        self._bwrap = _bwrap_argv(limits["fsize"] >> 20, self._hide) if use_bwrap else None
+        self._moved = _placed(self._hide)
+        self._bwrap = _bwrap_argv(limits["fsize"] >> 20, self._hide, self._moved) if use_bwrap else None
         self._root = None
         if self._bwrap is None:
             self._root = tempfile.mkdtemp(prefix="cleaner-sandbox-")
             os.chmod(self._root, 0o711)  # slot uids may enter, not list
         self._use_netns = use_netns
-        self._env = _clean_env("/tmp" if self._bwrap else self._root)
+        self._env = _clean_env("/tmp" if self._bwrap else self._root, self._moved if self._bwrap else {})
         self.workers = [_Worker(i, None if uid_base is None else uid_base + i) for i in range(slots)]
         self.executor = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="sandbox")
         uids = None if uid_base is None else range(uid_base, uid_base + UIDS_PER_SANDBOX)
@@ -516,10 +558,14 @@ class _Pool:
             self._free_uids.append(uid)
 
     def _spawn(self, w: _Worker) -> None:
-        argv = (self._bwrap or []) + [sys.executable, "-I", "-B", THIS_FILE, "--zygote"]
+        # Under bwrap the zygote starts where it sees its files (_placed); the fallback's zygote starts from the
+        # host's paths and runs itself again from there once its mount namespace is made (_enter_placed).
+        exe, path = _zygote_command(self._moved) if self._bwrap else (sys.executable, THIS_FILE)
+        argv = (self._bwrap or []) + [exe, "-I", "-B", path, "--zygote"]
         w.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self._env, bufsize=0,
                                   cwd="/" if self._bwrap else self._root, start_new_session=True, close_fds=True)
         cfg = {"bwrap": self._bwrap is not None, "use_netns": self._use_netns, "uid": w.uid, "hide": self._hide,
+               "moved": self._moved, "placed": _zygote_command(self._moved),
                "root": "/tmp" if self._bwrap else os.path.join(self._root, f"w{w.index}"), **self.limits}
         _write_frame(w.proc.stdin.fileno(), cfg)
 
@@ -595,6 +641,11 @@ def _call_timeout(code, timeout_s, stdin, default: float) -> float:
     return timeout
 
 
+def _time_limits(timeout: float, clock: str) -> dict:
+    """A request's limits: `timeout` on its clock, and the wall-clock deadline the zygote enforces."""
+    return {"timeout": timeout, "cpu": clock == "cpu", "wall": timeout * (WALL_BACKSTOP if clock == "cpu" else 1)}
+
+
 def _exec_result(resp: dict | None, timeout: float, sb: Sandbox) -> ExecResult:
     """The zygote's answer (checked there: _verdict) as an ExecResult; None when the zygote died or hung."""
     if resp is None:
@@ -641,11 +692,11 @@ def _read_frame(fd: int, deadline: float | None = None):
     return json.loads(_read_exact(fd, n, deadline))
 
 
-def _clean_env(home: str) -> dict:
+def _clean_env(home: str, moved: dict) -> dict:
     # Built from scratch, so nothing of the trainer's environment (tokens, keys) reaches the code.
     threads = {k: "1" for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                                 "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")}
-    path = os.path.dirname(sys.executable) + ":/usr/local/bin:/usr/bin:/bin"
+    path = os.path.dirname(_zygote_command(moved)[0]) + ":/usr/local/bin:/usr/bin:/bin"
     # Python's own allocator (pymalloc). glibc malloc on transparent huge pages forks faster (fewer
     # page-table entries), but the fork happens while the model generates (the spare child, a
     # session's runner), and under pymalloc a sympy solve in a fork is faster and writes fewer pages
@@ -657,7 +708,7 @@ def _clean_env(home: str) -> dict:
 _BWRAP_PROBED: dict = {}
 
 
-def _bwrap_argv(scratch_mb: int, hide: list = ()) -> list | None:
+def _bwrap_argv(scratch_mb: int, hide: list = (), moved: dict | None = None) -> list | None:
     """The bwrap prefix for a zygote, or None when bwrap is missing or cannot create namespaces here."""
     exe = shutil.which("bwrap")
     if exe is None:
@@ -678,10 +729,13 @@ def _bwrap_argv(scratch_mb: int, hide: list = ()) -> list | None:
     # itself: the zygote runs `python -I sandbox.py`, which imports nothing else of the project) is bound back.
     for path in hide:
         argv += ["--tmpfs", path]
+    moved = moved or {}
+    for path, placed in sorted(moved.items()):  # at their place (_placed), inside the private /run
+        argv += ["--ro-bind", path, placed]
     needed = _zygote_needs()
-    masked, bound = {"/tmp", *covered, *hide}, []  # the private /tmp hides a checkout or venv living there, too
+    masked, bound = {"/tmp", *covered, *hide}, list(moved)  # the private /tmp hides a checkout or venv there, too
     for path in sorted({os.path.realpath(p) for p in needed}):
-        if any(path.startswith(b + "/") for b in bound):
+        if any(path == b or path.startswith(b + "/") for b in bound):
             continue
         parts = path.split("/")
         for depth in range(2, len(parts) + 1):
@@ -698,7 +752,8 @@ def _bwrap_argv(scratch_mb: int, hide: list = ()) -> list | None:
     key = tuple(argv)
     if key not in _BWRAP_PROBED:
         try:
-            probe = subprocess.run(argv + [sys.executable, "-I", "-S", "-c", ""], capture_output=True, timeout=60)
+            probe = subprocess.run(argv + [_zygote_command(moved)[0], "-I", "-S", "-c", ""], capture_output=True,
+                                   timeout=60)
             _BWRAP_PROBED[key] = probe.returncode == 0
         except (OSError, subprocess.TimeoutExpired):
             _BWRAP_PROBED[key] = False
@@ -886,13 +941,15 @@ def _private_mounts(cfg: dict) -> bool:
     for path in sorted(cfg.get("hide", ())):  # one below a covered folder is hidden with it
         if os.path.isdir(path) and not any(path == c or path.startswith(c + "/") for c, _, _ in covered):
             covered.append((path, 1 << 20, 0o755))
-    held = {}
+    held, moved = {}, cfg.get("moved", {})  # where a held folder or file goes -> its descriptor
     try:
         _mount("none", "/", None, MS_REC | MS_PRIVATE)  # nothing mounted below reaches the host
-        for path in sorted({os.path.realpath(p) for p in _zygote_needs()}):
+        hosts = []
+        for path in sorted({os.path.realpath(p) for p in _zygote_needs()} | set(moved)):
             if any(path == c or path.startswith(c + "/") for c, _, _ in covered) and \
-                    not any(path.startswith(h + "/") for h in held):
-                held[path] = os.open(path, os.O_PATH | os.O_CLOEXEC)
+                    not any(path.startswith(h + "/") for h in hosts):
+                hosts.append(path)
+                held[moved.get(path, path)] = os.open(path, os.O_PATH | os.O_CLOEXEC)
         for path, size, mode in covered:
             _mount_tmpfs(path, size, mode)
         for path, fd in held.items():
@@ -1018,21 +1075,28 @@ class _Capture:
         return text + tail.decode("utf-8", "replace"), cut
 
 
-def _zygote_main() -> None:
+def _zygote_main(entered: bool) -> None:
     # The protocol pipes move away from fds 0/1, so a stray print can never corrupt a frame.
     req_fd, resp_fd = os.dup(0), os.dup(1)
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
     os.dup2(2, 1)
     os.close(null)
-    cfg = _read_frame(req_fd)
+    if entered:  # run again by _enter_placed, in the namespaces made below
+        cfg = _read_frame(3)
+        os.close(3)
+        layers = cfg.pop("layers")
+    else:
+        cfg = _read_frame(req_fd)
+        layers = ["bwrap"] if cfg["bwrap"] else []
     _prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of the code (setsid, double fork) come back to us
-    layers = ["bwrap"] if cfg["bwrap"] else []
-    if not cfg["bwrap"] and cfg["use_netns"] and os.geteuid() == 0:
+    if not entered and not cfg["bwrap"] and cfg["use_netns"] and os.geteuid() == 0:
         if _libc.unshare(CLONE_NEWNET) == 0:
             layers.append("netns")
         if _private_mounts(cfg):
             layers.append("mountns")
+            if cfg["moved"]:
+                _enter_placed(cfg, layers, req_fd, resp_fd)
     if (cfg["bwrap"] or "mountns" in layers) and _hide_pids():  # bwrap's mount namespace is ours already
         layers.append("hidepid")
     seccomp = _seccomp_program()
@@ -1090,6 +1154,20 @@ def _zygote_main() -> None:
             _remove_ipc({uid})
         if not cfg["bwrap"]:
             _rmtree(cfg["root"])
+
+
+def _enter_placed(cfg: dict, layers: list, req_fd: int, resp_fd: int) -> None:
+    """The fallback's zygote, once its mount namespace shows its venv and this file at their place (_placed):
+    run again from there (exec keeps the namespaces), so that no path it holds names the checkout. The
+    config goes on fd 3, the protocol pipes on 0 and 1."""
+    r, w = os.pipe()
+    _write_frame(w, dict(cfg, layers=layers))  # a few KiB: the pipe holds it
+    os.close(w)
+    for fd, to in ((req_fd, 0), (resp_fd, 1), (r, 3)):
+        os.dup2(fd, to)
+    exe, path = cfg["placed"]
+    os.environ["PATH"] = os.path.dirname(exe) + ":/usr/local/bin:/usr/bin:/bin"
+    os.execv(exe, [exe, "-I", "-B", path, "--zygote", "--entered"])
 
 
 def _preload() -> None:
@@ -1316,7 +1394,7 @@ def _lock_down(z: _Zygote) -> None:
 
 
 def _set_cpu_limit(timeout: float, hard: bool) -> None:
-    # A backstop behind the zygote's wall-clock SIGKILL. Sessions keep a looser hard limit (an hour of
+    # A backstop behind the zygote's SIGKILL. Sessions keep a looser hard limit (an hour of
     # CPU, never infinite: the code could raise its soft limit to it) so that a later cell with a longer
     # timeout can still raise the soft one.
     soft = int(timeout) + 2
@@ -1457,7 +1535,7 @@ def _run_stateless(z: _Zygote, req: dict) -> dict:
             for fd in fds:
                 os.close(fd)
             spare.ctl.close()
-        state = _supervise(z, out_r, err_r, res_r, t0 + req["timeout"], pidfd)
+        state = _supervise(z, out_r, err_r, res_r, t0 + req["wall"], pidfd, cpu=_cpu_limit(req, pid))
     finally:
         os.close(pidfd)
         if z.renice:
@@ -1482,10 +1560,28 @@ def _new_state(z: _Zygote) -> dict:
             "reason": None, "status": None}
 
 
+def _cpu_limit(req: dict, pid: int) -> tuple | None:
+    return (pid, req["timeout"]) if req.get("cpu") else None
+
+
+def _cpu_seconds(pid: int) -> float:
+    """CPU time of a process: its threads', and that of the children it has waited for (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return sum(int(v) for v in fields[11:15]) / _CLK_TCK  # utime, stime, cutime, cstime
+
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
 def _supervise(z: _Zygote, out_r: int, err_r: int, res_r: int, deadline: float, pidfd: int,
-               h: "_Holder | None" = None, runner: int | None = None) -> dict:
+               h: "_Holder | None" = None, runner: int | None = None, cpu: tuple | None = None) -> dict:
     """Drain output until the code finishes, times out or floods. Returns the state for _verdict.
-    For a session cell, `pidfd` is the runner's; when it dies we wake its holder to report how."""
+    For a session cell, `pidfd` is the runner's; when it dies we wake its holder to report how.
+    cpu: (pid, seconds): a timeout too when that process has used that much CPU time, read between polls."""
     state = _new_state(z)
     ctl = h.ctl if h is not None else None
     poller = select.poll()
@@ -1504,6 +1600,12 @@ def _supervise(z: _Zygote, out_r: int, err_r: int, res_r: int, deadline: float, 
                 state["reason"] = "exited"
                 break
             _signal(h.pid, signal.SIGCONT)  # again: it may have stopped itself just after the last one
+        if cpu is not None and child_exit_seen is None:
+            left = cpu[1] - _cpu_seconds(cpu[0])
+            if left <= 0:
+                wait = 0
+            else:  # its threads may use every core: look again before they could have used what is left
+                wait = min(wait, max(left / (os.cpu_count() or 1), 0.01))
         if wait <= 0:
             state["reason"] = "timeout"
             break
@@ -2016,11 +2118,11 @@ def _run_cell(z: _Zygote, req: dict) -> dict:
             h = z.sessions[req["sid"]] = _open_holder(z, req["sid"], req["uid"], req["rollback"])
         ready = _runner_ready(h)
         if not ready and h.pipes is not None and h.pidfd is None:  # a "go" is out: wait for its runner
-            ready = _await_runner(z, h, t0 + req["timeout"])
+            ready = _await_runner(z, h, t0 + req["wall"])
         elif not ready:  # a new session, or its runner died
             if h.pidfd is not None:  # its holder reports that, then waits for "go"
                 _signal(h.pid, signal.SIGCONT)
-            ready = _arm(z, h, t0 + req["timeout"])
+            ready = _arm(z, h, t0 + req["wall"])
         if ready is not False:
             break
         _close_holder(z, req["sid"])  # gone, though one of its processes was still exiting when we looked
@@ -2046,7 +2148,8 @@ def _run_cell(z: _Zygote, req: dict) -> dict:
         finally:
             for fd in fds:
                 os.close(fd)
-        state = _supervise(z, out_r, err_r, res_r, t0 + req["timeout"], pidfd, h=h, runner=runner)
+        state = _supervise(z, out_r, err_r, res_r, t0 + req["wall"], pidfd, h=h, runner=runner,
+                           cpu=_cpu_limit(req, runner))
     finally:
         state = state or dict(_new_state(z), reason="exited")
         state["duration"] = time.monotonic() - t0
@@ -2300,5 +2403,5 @@ def _short_path(path: str) -> str:
     return os.path.basename(path)
 
 
-if __name__ == "__main__" and sys.argv[1:] == ["--zygote"]:
-    _zygote_main()
+if __name__ == "__main__" and sys.argv[1:2] == ["--zygote"]:
+    _zygote_main(entered=sys.argv[2:] == ["--entered"])

@@ -58,7 +58,8 @@ def main(args: Args):
     scaler = precision.loss_scaler(g)
     templates = rollout.load_prompt_template(cfg.prompt_template) if cfg.prompt_template else None
     sandbox = Sandbox(slots=args.sandbox.sandbox_slots, timeout_s=args.sandbox.tool_timeout_s,
-                      memory_mb=args.sandbox.tool_memory_mb, hide=(os.path.abspath(r.out_dir),))
+                      memory_mb=args.sandbox.tool_memory_mb, hide=(os.path.abspath(r.out_dir),),
+                      clock=args.sandbox.tool_clock)
     train_set, eval_set, order = load_data(args, tokenizer, cfg, templates, log)
 
     def grade(problem, traj) -> bool:  # right or wrong: the final turn's answer, by reward.py (training and eval)
@@ -204,9 +205,9 @@ def build(args: Args, device: str, world: int, log):
                      if world > 1 or dtype != torch.float32 or g.lora_rank else policy)
     eng = engine_mod.build_engine(e.engine, tokenizer, model=gen_model,
                                   model_path=models.resolve(model_path) if e.engine == "sglang" else None,
-                                  max_batch=e.engine_batch, deterministic=e.deterministic, dtype=e.dtype,
-                                  mem_fraction_static=e.sglang_mem_fraction, seed=c.seed, server_url=e.sglang_url or None,
-                                  device=device)
+                                  max_batch=e.engine_batch, deterministic=e.deterministic, lockstep=e.lockstep,
+                                  dtype=e.dtype, mem_fraction_static=e.sglang_mem_fraction, seed=c.seed,
+                                  server_url=e.sglang_url or None, device=device)
     ref = None
     if g.kl_coef > 0:
         ref = models.load_model(model_path, dtype=torch.float32 if world == 1 else precision.DTYPES[g.update_dtype])

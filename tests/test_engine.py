@@ -2,6 +2,7 @@
 weight pushes, prefix reuse and concurrency. Real (tiny, random) models and real tokenizers."""
 import asyncio
 import copy
+import random
 
 import pytest
 import torch
@@ -443,3 +444,33 @@ def test_smollm2_greedy_equals_hf_generate(engine_of):
     outs = run(gen_all(engine, prompts, SamplingParams(temperature=0, max_new_tokens=8)))
     for p, o in zip(prompts, outs):
         assert o.token_ids == hf_greedy(model, p, 8, engine.eos_token_ids)
+
+
+def test_lockstep_batches_follow_the_tokens_not_the_clock(bytes_mt, engine_of):
+    """Eight trajectories of three turns, each turn followed by a wait standing in for a sandbox call, whose length
+    follows the machine's load: two runs with other waits. With lockstep every token and log-prob is the same to
+    the last bit; without it (the control) the rows share other steps and some log-prob moves."""
+    model, tok = bytes_mt
+    prompts = [tok.encode(f"Problem {i}: " + "x" * (3 * i)) for i in range(8)]
+
+    async def trajectory(eng, i, waits):
+        ids, out = prompts[i], []
+        for turn in range(3):
+            g = await eng.generate(ids, SamplingParams(temperature=1.0, max_new_tokens=6 + (5 * i + turn) % 7,
+                                                       seed=100 * i + turn))
+            out.append((g.token_ids, g.logprobs))
+            ids = ids + g.token_ids
+            await asyncio.sleep(waits[i][turn])
+        return out
+
+    async def run(lockstep: bool, seed: int):
+        rng = random.Random(seed)
+        waits = [[rng.uniform(0.0, 0.03) for _ in range(3)] for _ in range(8)]
+        eng = engine_of(model, tok, max_batch=4, lockstep=lockstep)
+        tasks = [asyncio.ensure_future(trajectory(eng, i, waits)) for i in range(8)]
+        if lockstep:
+            eng.track(tasks)
+        return await asyncio.gather(*tasks)
+
+    assert asyncio.run(run(True, 1)) == asyncio.run(run(True, 2))
+    assert asyncio.run(run(False, 1)) != asyncio.run(run(False, 2))

@@ -383,7 +383,8 @@ def test_answers_graders_and_runs_are_hidden_from_the_code(tmp_path, contained, 
     """A policy that reads the answer key would be rewarded for it: with bwrap, and on the fallback with a mount
     namespace of its own (root), the checkout (reward.py, tests, run folders), the problem sets beside it (an
     answer of aime24.jsonl), the caches and the caller's folders are empty to the code, while the interpreter
-    and its libraries (a venv inside the checkout too) still work."""
+    and its libraries (a venv inside the checkout too) still work. Nothing the code holds names the checkout:
+    its argv, sys.path, environment, mapped libraries, nor a listing of the folder that holds the checkout."""
     run_dir = tmp_path / "out"
     (run_dir / "rollouts").mkdir(parents=True)
     (run_dir / "rollouts" / "step_1.jsonl").write_text('{"answer": "42"}')
@@ -397,10 +398,16 @@ def test_answers_graders_and_runs_are_hidden_from_the_code(tmp_path, contained, 
                 f"for d in {[str(repo), str(repo / 'tests'), str(shared), str(run_dir)]!r}:\n"
                 "    print(d, sorted(os.listdir(d)) if os.path.isdir(d) else 'absent')\n"
                 f"print(os.path.exists({str(repo / 'reward.py')!r}), int(numpy.ones(3).sum()))\n"
-                f"print(os.path.exists({str(answers)!r}))")
+                f"print(os.path.exists({str(answers)!r}))\n"
+                "import sys\n"
+                "held = [*sys.argv, *sys.path, sys.prefix, sys.executable, os.getcwd(), *os.environ.values(),\n"
+                "        numpy.__file__, open('/proc/self/maps').read(), open('/proc/self/cmdline').read()]\n"
+                f"print('named:', [h for h in held if {str(repo)!r} in h][:1],\n"
+                f"      {repo.name!r} in os.listdir({str(repo.parent)!r}))")
         r = sb.run(code)
     assert r.ok, tool_text(r)
     lines = tool_text(r).splitlines()
+    assert lines[6] == "named: [] False", lines[6]
     assert not any(f"'{name}'" in lines[0] for name in ("reward.py", "tests", "train.py")), lines[0]  # only what runs
     assert all(line.endswith(" []") or line.endswith(" absent") for line in lines[1:4]), lines
     assert lines[4] == "False 3" and lines[5] == "False"
@@ -429,13 +436,13 @@ def test_the_fallback_runs_with_the_checkout_and_the_venv_under_tmp(tmp_path):
         "from sandbox import Sandbox\n"
         "with Sandbox(slots=1, timeout_s=20.0, use_bwrap=False) as sb:\n"
         "    r = sb.run(f'import os, numpy, sympy; print(numpy.__file__, sympy.Integer(6) * 7, '\n"
-        "               f'sorted(os.listdir({sys.argv[1]!r})))')\n"
+        "               f'os.path.exists({sys.argv[1]!r}))')\n"
         "    print(sb.layers, r.ok, r.stdout, r.error_kind, r.exception_text)\n")
     out = subprocess.run([str(venv / "bin" / "python"), str(tmp_path / "go.py"), str(checkout)], capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "'mountns'" in out.stdout and " True " in out.stdout, out.stdout + out.stderr[-2000:]
-    assert f"{site}/numpy/__init__.py 42 ['sandbox.py']" in out.stdout, out.stdout  # the venv's numpy; reward.py hidden
+    assert f"{site}/numpy/__init__.py 42 False" in out.stdout, out.stdout  # the venv's numpy; no checkout
 
 
 def test_syntax_error_shows_the_line(sb, contained):
@@ -463,6 +470,33 @@ def test_stdin_and_timeout_override(sb, contained):
     r = sb.run("import time\ntime.sleep(0.2)\nprint('slow but fine')", timeout_s=LONG)
     expect(r, "none", "slow but fine")
     assert 0.2 <= r.duration_s < LONG
+
+
+def test_a_cpu_time_limit_gives_the_same_verdict_on_a_loaded_machine():
+    """clock="cpu" (train.py's default) counts the CPU time of the call: time off the CPU, which on a loaded
+    machine is the other processes' turns (here a sleep, so that the test does not depend on this machine's
+    load), does not count. A call that waits 1.5 s and then computes for 0.5 s passes its 1 s limit; on the wall
+    clock (the control) it times out. A loop printing its CPU time stops at 1 s of it, a session's cell too, and
+    code that only sleeps stops at the wall-clock backstop (WALL_BACKSTOP x the limit)."""
+    code = ("import time\ntime.sleep(1.5)\nt = time.process_time()\nwhile time.process_time() - t < 0.5:\n"
+            "    pass\nprint('done')")
+    spin = ("import time\nwhile True:\n    t = time.process_time()\n    print(round(t, 2), flush=True)\n"
+            "    while time.process_time() - t < 0.05:\n        pass")
+    with Sandbox(slots=1, timeout_s=SHORT, clock="wall") as box:
+        r = box.run(code)
+        assert r.error_kind == "timeout", tool_text(r)
+    with Sandbox(slots=1, timeout_s=SHORT, clock="cpu") as box:
+        expect(box.run(code), "none", "done")
+        r = box.run(spin)
+        expect(r, "timeout", "the 1 s time limit")
+        assert float(r.stdout.split()[-1]) < SHORT + 0.1, r.stdout.split()[-1]
+        with box.session() as s:
+            r = s.run("x = 1\n" + spin)
+            expect(r, "timeout")
+            assert float(r.stdout.split()[-1]) < SHORT + 0.1, r.stdout.split()[-1]
+        r = box.run("import time\ntime.sleep(30)")
+        expect(r, "timeout")
+        assert SHORT * 2.5 < r.duration_s < SHORT * 3.5, r.duration_s
 
 
 def zygote_pids(table: dict | None = None) -> list:
@@ -926,7 +960,7 @@ def test_bwrap_hides_the_hosts_world_writable_folders_and_sockets(sb, contained)
         pytest.skip("needs bwrap or root's mount namespace")
     r = sb.run("import os\nprint([os.listdir(d) for d in ('/var/tmp', '/run', '/dev/shm') if os.path.isdir(d)])\n"
                "open('/var/tmp/x', 'w')")
-    expect(r, "exception", "[[], [], []]")
+    expect(r, "exception", "[[], ['sandbox'], []]")  # /run: only what the zygote runs from (sandbox.PLACED)
     assert r.exception_type in ("PermissionError", "OSError"), tool_text(r)
 
 
