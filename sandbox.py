@@ -730,7 +730,9 @@ def _bwrap_argv(scratch_mb: int, hide: list = (), moved: dict | None = None) -> 
     for path in hide:
         argv += ["--tmpfs", path]
     moved = moved or {}
-    for path, placed in sorted(moved.items()):  # at their place (_placed), inside the private /run
+    if moved:  # at their place (_placed), inside the private /run; its folder open to the slot uids
+        argv += ["--perms", "0755", "--dir", PLACED]
+    for path, placed in sorted(moved.items()):
         argv += ["--ro-bind", path, placed]
     needed = _zygote_needs()
     masked, bound = {"/tmp", *covered, *hide}, list(moved)  # the private /tmp hides a checkout or venv there, too

@@ -394,7 +394,7 @@ def test_answers_graders_and_runs_are_hidden_from_the_code(tmp_path, contained, 
     with Sandbox(slots=1, timeout_s=LONG, hide=(str(run_dir),), **MODES[mode]) as sb:
         if layer not in sb.layers:
             pytest.skip(f"no {layer} layer here")
-        code = ("import os, numpy\n"
+        code = ("import os, numpy, tqdm\n"  # tqdm: a library of the venv that no zygote preloads
                 f"for d in {[str(repo), str(repo / 'tests'), str(shared), str(run_dir)]!r}:\n"
                 "    print(d, sorted(os.listdir(d)) if os.path.isdir(d) else 'absent')\n"
                 f"print(os.path.exists({str(repo / 'reward.py')!r}), int(numpy.ones(3).sum()))\n"
