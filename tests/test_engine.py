@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from data.models import load_model, load_tokenizer
-from engine import GenOutput, HFEngine, SamplingParams
+from machinery.engine import GenOutput, HFEngine, SamplingParams
 
 TEXTS = ["hello world", "a much longer prompt, with quite a few more bytes in it than the others",
          "x", "def f(x):\n    return x * 2\n", "the quick brown fox jumps over"]
@@ -162,7 +162,7 @@ def test_samples_follow_the_temperature_and_truncated_distribution(bytes_mt, eng
 
 
 def test_a_rows_draw_does_not_depend_on_the_other_rows(bytes_mt, engine_of):
-    from engine import _Req
+    from machinery.engine import _Req
     model, tok = bytes_mt
     engine = engine_of(model, tok)
     torch.manual_seed(0)
@@ -448,29 +448,40 @@ def test_smollm2_greedy_equals_hf_generate(engine_of):
 
 def test_lockstep_batches_follow_the_tokens_not_the_clock(bytes_mt, engine_of):
     """Eight trajectories of three turns, each turn followed by a wait standing in for a sandbox call, whose length
-    follows the machine's load: two runs with other waits. With lockstep every token and log-prob is the same to
-    the last bit; without it (the control) the rows share other steps and some log-prob moves."""
+    follows the machine's load: two runs with other random waits. With lockstep every token and log-prob is the
+    same to the last bit. The control, without lockstep: trajectories that come back after other numbers of
+    decode steps (counted, so that the control does not depend on this machine's load) share other steps, and
+    some log-prob moves."""
     model, tok = bytes_mt
     prompts = [tok.encode(f"Problem {i}: " + "x" * (3 * i)) for i in range(8)]
 
-    async def trajectory(eng, i, waits):
+    async def trajectory(eng, i, wait):
         ids, out = prompts[i], []
         for turn in range(3):
             g = await eng.generate(ids, SamplingParams(temperature=1.0, max_new_tokens=6 + (5 * i + turn) % 7,
                                                        seed=100 * i + turn))
             out.append((g.token_ids, g.logprobs))
             ids = ids + g.token_ids
-            await asyncio.sleep(waits[i][turn])
+            await wait(eng, i, turn)
         return out
 
-    async def run(lockstep: bool, seed: int):
-        rng = random.Random(seed)
-        waits = [[rng.uniform(0.0, 0.03) for _ in range(3)] for _ in range(8)]
+    async def run(lockstep: bool, wait):
         eng = engine_of(model, tok, max_batch=4, lockstep=lockstep)
-        tasks = [asyncio.ensure_future(trajectory(eng, i, waits)) for i in range(8)]
+        tasks = [asyncio.ensure_future(trajectory(eng, i, wait)) for i in range(8)]
         if lockstep:
             eng.track(tasks)
         return await asyncio.gather(*tasks)
 
-    assert asyncio.run(run(True, 1)) == asyncio.run(run(True, 2))
-    assert asyncio.run(run(False, 1)) != asyncio.run(run(False, 2))
+    def seconds(seed):
+        waits = random.Random(seed).choices([0.0, 0.003, 0.01, 0.03], k=24)
+        return lambda eng, i, turn: asyncio.sleep(waits[3 * i + turn])
+
+    def steps(shift):
+        async def wait(eng, i, turn):
+            end = eng.stats["decode_steps"] + (i + turn + shift) % 3
+            while eng.stats["decode_steps"] < end and (eng._rows or eng._queue):
+                await asyncio.sleep(0)
+        return wait
+
+    assert asyncio.run(run(True, seconds(1))) == asyncio.run(run(True, seconds(2)))
+    assert asyncio.run(run(False, steps(0))) != asyncio.run(run(False, steps(1)))
