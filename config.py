@@ -259,7 +259,7 @@ class Grpo:
 
 @dataclass
 class Engine:
-    """The generation engine and the device (engine.py)."""
+    """The generation engine and the device (machinery/engine.py)."""
     engine: Literal["hf", "sglang"] = "hf"
     """hf (transformers, any device) or sglang (an in-process SGLang engine per rank, colocated, on the rank's GPU
     or CPU; its environment: scripts/sglang_env.sh)"""

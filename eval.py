@@ -84,7 +84,7 @@ def build(args: config.Eval):
 
     import rollout
     from data import models
-    from engine import build_engine
+    from machinery.engine import build_engine
     c, e, r = args.common, args.engine, args.rollout
     tok = models.load_tokenizer(c.model)
     fmt = rollout.resolve_tool_format(tok, r.tool_format if args.bench.tools else "none")

@@ -53,7 +53,7 @@ def key(args, model_path: str, templates: dict | None = None) -> str | None:
     from importlib import metadata
 
     import config
-    import engine
+    from machinery import engine
     import eval as heldout
     import reward
     import rollout

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 import config
 import tools
-from engine import SamplingParams
+from machinery.engine import SamplingParams
 from saar import SaarState, retry_failed_call
 
 # --------------------------------------------------------------------------- model-facing text (one place)

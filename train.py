@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 import checkpoint
 import config
-import engine as engine_mod
+from machinery import engine as engine_mod
 import eval as heldout
 import evalcache
 import grpo

@@ -51,11 +51,11 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 import config  # noqa: E402
-import engine as engine_mod  # noqa: E402
+from machinery import engine as engine_mod  # noqa: E402
 import grpo  # noqa: E402
 import mismatch  # noqa: E402
 import precision  # noqa: E402
-from engine import SamplingParams  # noqa: E402
+from machinery.engine import SamplingParams  # noqa: E402
 
 # Qwen3 shapes (the released config.json files); "tiny" is ours, for CPU runs.
 SIZES = {

@@ -1,4 +1,4 @@
-"""The HF engine (engine.py) against two peers on the CPU, vLLM's and SGLang's, side by side in one run.
+"""The HF engine (machinery/engine.py) against two peers on the CPU, vLLM's and SGLang's, side by side in one run.
 
 The same model (the demo's SmolLM2-135M, its Hugging Face folder), the same 16 chat prompts (the demo's problems
 in its markdown tool format), greedy, exactly --new-tokens tokens each (EOS ignored by all), one dtype, at batch 1
@@ -84,7 +84,7 @@ def main():
 
     import rollout
     from data import models, synth
-    from engine import HFEngine, SamplingParams
+    from machinery.engine import HFEngine, SamplingParams
     torch.set_num_threads(a.threads)
     tok, path = models.load_tokenizer("smollm2-135m"), models.resolve("smollm2-135m")
     prompts = [rollout.prompt_ids(tok, p.problem, p.task, "markdown")

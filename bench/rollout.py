@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import config  # noqa: E402
 import rollout  # noqa: E402
 from data import models, synth  # noqa: E402
-from engine import HFEngine, SamplingParams  # noqa: E402
+from machinery.engine import HFEngine, SamplingParams  # noqa: E402
 from sandbox import Sandbox  # noqa: E402
 
 

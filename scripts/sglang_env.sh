@@ -15,7 +15,7 @@
 set -euo pipefail
 DIR=${1:?usage: bash scripts/sglang_env.sh DIR}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-SGLANG_VERSION=$(sed -n 's/^SGLANG_VERSION = "\(.*\)".*/\1/p' "$ROOT/engine.py")
+SGLANG_VERSION=$(sed -n 's/^SGLANG_VERSION = "\(.*\)".*/\1/p' "$ROOT/machinery/engine.py")
 
 cpu_workarounds() {
   # 1. sglang imports sgl_kernel as its modules load, even where the CPU engine calls none of it, and the

@@ -1,5 +1,5 @@
 """The one fake the tests may use: a scripted model behind the engine interface."""
-from engine import GenOutput
+from machinery.engine import GenOutput
 
 
 class ScriptedEngine:

@@ -395,7 +395,7 @@ def test_generate_passes_its_settings_to_the_rollout(monkeypatch):
 def test_generate_rolls_out_and_grades_each_sample_as_score_does(monkeypatch):
     """generate rolls out with the scripted model (the only fake) and grades every sample with eval's own
     grader: the records hold pred, gold and correct, the same as --score's re-grading gives."""
-    import engine
+    from machinery import engine
     from fakes import ScriptedEngine
     script = ["So \\boxed{2}.<|im_end|>", "\\boxed{3}<|im_end|>", "\\boxed{007}<|im_end|>", "no answer<|im_end|>"]
     monkeypatch.setattr(engine, "build_engine", lambda kind, tok, **kw: ScriptedEngine(tok, script))

@@ -34,7 +34,7 @@ import reward
 import rollout
 import saar
 from data.models import load_model, load_tokenizer
-from engine import HFEngine, SamplingParams
+from machinery.engine import HFEngine, SamplingParams
 from fakes import ScriptedEngine
 from sandbox import Sandbox
 

@@ -153,7 +153,7 @@ def expect(r: ExecResult, kind: str, *in_text: str) -> None:
     assert r.ok == (kind == "none")
     for s in in_text:
         assert s in tool_text(r), (s, tool_text(r))
-    assert "sandbox.py" not in tool_text(r)  # our own frames never reach the model
+    assert "sandbox.py" not in tool_text(r) and "zygote.py" not in tool_text(r)  # our own frames never reach the model
 
 
 # ---- runaway code
@@ -416,7 +416,7 @@ def test_answers_graders_and_runs_are_hidden_from_the_code(tmp_path, contained, 
 def test_the_fallback_runs_with_the_checkout_and_the_venv_under_tmp(tmp_path):
     """The fallback's mount namespace puts an empty tmpfs over /tmp: a venv or a checkout living there must be
     bound back (read-only, as bwrap does), or the zygote cannot import numpy. A real venv in tmp_path with numpy
-    and sympy copied in, and sandbox.py copied beside it, as a fresh clone in /tmp would have them."""
+    and sympy copied in, and the sandbox's files copied beside it, as a fresh clone in /tmp would have them."""
     if os.geteuid() != 0:
         pytest.skip("the fallback's mount namespace needs root")
     assert str(tmp_path).startswith("/tmp/")
@@ -428,7 +428,12 @@ def test_the_fallback_runs_with_the_checkout_and_the_venv_under_tmp(tmp_path):
         if (here / name).is_dir():
             shutil.copytree(here / name, site / name, symlinks=True)
     checkout.mkdir()
-    shutil.copy(Path(__file__).resolve().parents[1] / "sandbox.py", checkout / "sandbox.py")
+    repo = Path(__file__).resolve().parents[1]
+    shutil.copy(repo / "sandbox.py", checkout / "sandbox.py")
+    (checkout / "machinery").mkdir()
+    for name in ("__init__.py", "zygote.py"):  # the sandbox is these files: sandbox.py and its machinery
+        if (repo / "machinery" / name).exists():
+            shutil.copy(repo / "machinery" / name, checkout / "machinery" / name)
     (checkout / "reward.py").write_text("ANSWER = 42\n")
     (tmp_path / "go.py").write_text(
         "import sys\n"
@@ -500,7 +505,7 @@ def test_a_cpu_time_limit_gives_the_same_verdict_on_a_loaded_machine():
 
 
 def zygote_pids(table: dict | None = None) -> list:
-    """The zygotes below us: the topmost `python ... sandbox.py --zygote` of each chain (its forks,
+    """The zygotes below us: the topmost `python ... zygote.py --zygote` of each chain (its forks,
     the cells and session holders, share its command line; bwrap wrapping it does not count)."""
     table, found, todo = table or _ppids(), [], [os.getpid()]
     while todo:

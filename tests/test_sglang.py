@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import engine
+from machinery import engine
 from data import models
 
 if importlib.util.find_spec("sglang") is None:  # find_spec: sglang must not be imported before the engine sets

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-import engine
+from machinery import engine
 from data.models import cache_dir
 
 ROOT = Path(__file__).resolve().parents[1]
-ADAPTER = ROOT / "engine.py"
+ADAPTER = ROOT / "machinery" / "engine.py"
 VERSION = engine.SGLANG_VERSION
 # The wheel's Python source is the same on every platform; pin one so every machine reads the same file.
 PLATFORM = ["--platform", "manylinux_2_34_x86_64", "--python-version", "3.11", "--implementation", "cp"]
