@@ -9,12 +9,16 @@ Figures:
      reasoning or call), and the added wall time (on minus off, over the rollbacks: noisy, since
      the continuations after a rollback differ from the raw ones);
   4. the same batched requests as in 1 with nn.Linear's own weights (HFEngine(pack=False)) against oneDNN's
-     packed copies (the default on CPU, parts 1-3).
+     packed copies (the default on CPU, parts 1-3);
+  5. tool-calling rollouts of the same prompts and seeds with lockstep batching (train.py's default: the engine
+     decodes only while every trajectory waits on it) against free continuous batching, in seconds per sampled
+     token (the two sample different tokens where a near-tie flips).
 The model is the demo's warm SmolLM2-135M (sft.py's cold start, built once and cached) so that it
 really writes code; `--model` picks another. Errors are injected by a tool wrapper that fails each
 trajectory's first call with a NameError, as a model's typo would.
 
     python bench/rollout.py [--model smollm2-135m] [--requests 16] [--new-tokens 128] [--parts 1,2,3,4]
+    python bench/rollout.py --parts 5 --requests 32     # lockstep, at the demo's batch
 
 About 4 minutes on 2 cores with the defaults (the 5-minute bench budget): part 1 runs 6 of the 16 requests
 one at a time, part 3 rolls out 16 trajectories per setting.
@@ -181,6 +185,25 @@ def main():
             print(f"rollout: {n_tools / t_tools:.1f} tok/s with {calls} tool calls, plain {n_plain / t_plain:.1f} tok/s: "
                   f"{figures['tools_vs_plain_x']:.2f}x; engine idle waiting on the sandbox "
                   f"{100 * figures['engine_idle_share']:.1f}% of the wall time", flush=True)
+
+        # ---- 5. lockstep against free continuous batching, the same rollouts
+        if 5 in parts:
+            runs = {}
+            for lockstep in (False, True, False, True):  # interleaved, so that a drift of the machine hits both
+                eng.lockstep = lockstep
+                eng.flush_cache()
+                t0 = time.perf_counter()
+                trajs = loop.run_until_complete(rollout.rollout_batch(eng, sb, tok, prompts, cfg,
+                                                                      seeds=list(range(len(prompts)))))
+                dt, n = time.perf_counter() - t0, sum(sum(t.loss_mask) for t in trajs)
+                calls = sum(t.num_tool_calls for t in trajs)
+                runs.setdefault(lockstep, []).append((dt, n, calls))
+            eng.lockstep = False
+            per_tok = {k: sum(r[0] for r in v) / sum(r[1] for r in v) for k, v in runs.items()}
+            figures["lockstep_cost_x"] = per_tok[True] / per_tok[False]
+            print(f"lockstep: {1 / per_tok[True]:.1f} tok/s, free {1 / per_tok[False]:.1f} tok/s: lockstep takes "
+                  f"{figures['lockstep_cost_x']:.2f}x the time per token (runs s/tokens/calls: "
+                  f"{ {k: [(round(d, 1), n, c) for d, n, c in v] for k, v in runs.items()} })", flush=True)
 
         # ---- 3. SAAR on versus off, one injected failure per trajectory (its first call)
         if 3 in parts:
