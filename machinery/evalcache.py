@@ -1,4 +1,4 @@
-"""evalcache.py: train.py's step-0 evaluation, reused across runs (a speed-up of ours; the paper has none).
+"""machinery/evalcache.py: train.py's step-0 evaluation, reused across runs (a speed-up of ours; the paper has none).
 
 A run's held-out score before its first update is a function of the weights, the evaluation's settings and the
 evaluation's code, so a run that would compute the same score as an earlier one (the same cold start with other
