@@ -193,8 +193,8 @@ class Grpo:
     """loss aggregation: token-mean (over the mini-batch), seq-mean-token-sum, seq-mean-token-mean,
     seq-mean-token-sum-norm (Dr.GRPO), verl-token-mean (veRL: a token-mean per micro-batch, weighted by its sequences)"""
     rollout_is: Literal["none", "token", "seq"] = "none"
-    """veRL's rollout correction of the engine/trainer gap (mismatch.py; the paper: none): token weights each
-    token's loss by min(pi_old/pi_rollout, --rollout-is-threshold), SAAR's spliced tokens included; seq drops a
+    """veRL's rollout correction of the engine/trainer gap (machinery/mismatch.py; the paper: none): token weights
+    each token's loss by min(pi_old/pi_rollout, --rollout-is-threshold), SAAR's spliced tokens included; seq drops a
     sequence whose ratio leaves [--rollout-is-threshold-lower, --rollout-is-threshold]. pi_rollout: the engine's
     sampling log-probs; pi_old: the trainer's on the purified tokens, then for the whole batch (one forward pass
     more over the first mini-batch)"""
@@ -232,7 +232,7 @@ class Grpo:
     """token budget of one micro-batch"""
     share_prompts: bool = True
     """packed rows hold a group's samples behind one copy of their prompt: the same loss and gradient, up to
-    float rounding, for fewer tokens (packing.py)"""
+    float rounding, for fewer tokens (machinery/packing.py)"""
     update_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """compute dtype of the update's and the old log-probs' forward and backward passes; the weights and optimizer
     state stay float32: torch.autocast on one process, FSDP2's MixedPrecisionPolicy"""

@@ -18,9 +18,9 @@ The semantics follow veRL's `verl/trainer/ppo/core_algos.py` (`compute_grpo_outc
 - The LR warmup starts at lr/warmup_steps rather than 0.
 
 `update` and `compute_old_logprobs` take a batch of `TrainSeq`. What makes them fast lives in two leaf
-modules: packing.py cuts a mini-batch into packed micro-batches (`packing.micro_batches`; a group's samples
+modules: machinery/packing.py cuts a mini-batch into packed micro-batches (`packing.micro_batches`; a group's samples
 behind one copy of their prompt with share_prompts) and takes their log-probs (`packing.token_logprobs`);
-precision.py holds autocast, the fp16 loss scaler and the guard that keeps NaN/inf out of optimizer.step.
+machinery/precision.py holds autocast, the fp16 loss scaler and the guard that keeps NaN/inf out of optimizer.step.
 Distributed: under torchrun, the model wrapped by FSDP2 `fully_shard` (the decoder layers, then the root),
 each rank holding its share of the trajectories. FSDP's gradient reduction averages over ranks, so each rank
 scales its loss by the world size: with the global normaliser the sum is exactly the one-process gradient.
@@ -38,9 +38,8 @@ import torch
 import torch.distributed as dist
 
 import config
-import packing
-import precision
-from precision import NonFiniteLossError  # noqa: F401  (callers catch grpo.NonFiniteLossError)
+from machinery import packing, precision
+from machinery.precision import NonFiniteLossError  # noqa: F401  (callers catch grpo.NonFiniteLossError)
 
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm", "verl-token-mean")
 KL_TYPES = ("kl", "low_var_kl")  # veRL's names for Schulman's k1 and k3 estimators
@@ -62,7 +61,7 @@ class TrainSeq:
     old_logp: list[float] | torch.Tensor | None = None
     is_weight: list[float] | torch.Tensor | None = None  # (L,) a weight on each token's loss (mismatch.correct)
     ref_logp: list[float] | torch.Tensor | None = None  # (L,) reference-model log-probs, for kl_coef > 0
-    rollout_logp: list[float] | None = None  # (L,) the engine's sampling log-probs (mismatch.py)
+    rollout_logp: list[float] | None = None  # (L,) the engine's sampling log-probs (machinery/mismatch.py)
     spliced: list[int] | None = None  # (L,) 1 on tokens SAAR spliced in (rollout.Trajectory.spliced)
 
     @classmethod

@@ -21,7 +21,7 @@ the raw error as feedback, no importance correction. Departures, all flags:
   * `feedback_instruction` appends an explicit "fix the error" line to the feedback;
   * replaced tokens were sampled with the error in context but are trained on the clean one: each is marked
     in `Trajectory.spliced` (the mismatch monitor reports them apart; `--rollout-is token` weights them by
-    pi_old(clean)/pi_rollout(sampled), mismatch.py), and `is_mode="gate"` keeps the error (no replacement)
+    pi_old(clean)/pi_rollout(sampled), machinery/mismatch.py), and `is_mode="gate"` keeps the error (no replacement)
     when the sequence-level ratio over the replaced tokens falls below `is_gate`, from `engine.score` on the
     purified context;
   * the split position is found on token boundaries by decoding prefixes (binary search instead of the
@@ -193,7 +193,7 @@ async def retry_failed_call(traj, start: int, result, *, cfg, state: SaarState, 
                                          regen_tokens=len(new.token_ids)))
                 return Outcome("gated", result, next_turn=next_turn, next_finish=new.finish_reason)
         traj.truncate(start)  # restore the snapshot: the error and the failed call vanish
-        # the new tokens are spliced in: sampled with the error in context, trained without it (mismatch.py)
+        # the new tokens are spliced in: sampled with the error in context, trained without it (machinery/mismatch.py)
         traj.extend(rep.ids, mask=1, logprobs=new_logp, spliced=list(old_spliced[:rep.keep]) + [1] * n_new)
         state.events.append(dict(turn=env.turn, kind=rep.kind, similarity=rep.similarity, retry=retries,
                                  error_kind=result.error_kind, regen_tokens=len(new.token_ids)))

@@ -52,11 +52,11 @@ import torch
 
 import config
 import grpo
-import packing
 import rollout
 import tools
 from data import synth
 from data.models import cache_dir, load_model, load_tokenizer
+from machinery import packing
 
 
 Args = config.SftArgs  # model and seed (config.Common), the cold start's own settings (config.Sft)
@@ -525,8 +525,8 @@ def _is_complete(folder: Path) -> bool:
 # tool texts, the sandbox's real errors, the generator, the fixes it teaches) and that train it (the recipe's
 # defaults in config.py, packing). Their source is part of the cache key, so that rewording a prompt or an error
 # text builds a new warm start instead of training on the old one.
-SHAPED_BY = ("sft.py", "config.py", "rollout.py", "tools.py", "sandbox.py", "saar.py", "packing.py", "precision.py",
-             "data/synth.py", "data/models.py")
+SHAPED_BY = ("sft.py", "config.py", "rollout.py", "tools.py", "sandbox.py", "machinery/zygote.py", "saar.py",
+             "machinery/packing.py", "machinery/precision.py", "data/synth.py", "data/models.py")
 
 
 def cache_key(model_name: str, tool_format: str, seed: int, n: int, overrides: dict) -> str:

@@ -13,7 +13,7 @@ before the first step and after the last, and the run ends with the gain and its
     torchrun --nproc_per_node=4 train.py ...          # one node, FSDP2 over the policy; scripts/ has the paper's
 
 Departures (docs/departures.md): the reward grades the final assistant turn; a run is reproducible from its
-folder (checkpoint.py); where our default differs from the official code, --faithful sets its choice.
+folder (machinery/checkpoint.py); where our default differs from the official code, --faithful sets its choice.
 """
 from __future__ import annotations
 
@@ -26,20 +26,16 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-import checkpoint
 import config
 from machinery import engine as engine_mod
 import eval as heldout
-import evalcache
 import grpo
-import mismatch
-import packing
-import precision
 import reward
 import rollout
 import sft
 from data import models, problems
 from data.synth import load_problems
+from machinery import checkpoint, evalcache, mismatch, packing, precision
 from sandbox import Sandbox
 
 Args = config.Train
@@ -269,7 +265,7 @@ def old_logprobs(policy, ref, batch: list, mbs: int, g, **kw) -> dict:
     temperature, for every mini-batch but the first, whose come from the update's own forward pass before the
     policy moves (none at all when a step is one optimizer step); and ref_logp for a KL term. With --rollout-is,
     every mini-batch's, since the correction needs them before the update: then the engine/trainer gap and the
-    correction (mismatch.py), else {}."""
+    correction (machinery/mismatch.py), else {}."""
     first = mbs if g.rollout_is == "none" else 0
     for b, lp in zip(batch[first:], grpo.compute_old_logprobs(policy, batch[first:], g, **kw) if batch[first:] else []):
         b.old_logp = lp
@@ -399,7 +395,7 @@ def format_line(m: dict) -> str:
     if m.get("skipped_steps"):
         s += f" | fp16 overflow: {m['skipped_steps']} mini-batch(es) skipped, loss scale now {m['loss_scale']:g}"
     s += f" | first_err {m['first_tool_err']:.2f}"
-    if "mismatch_kl" in m:  # the engine's sampling log-probs vs the trainer's (mismatch.py)
+    if "mismatch_kl" in m:  # the engine's sampling log-probs vs the trainer's (machinery/mismatch.py)
         s += f" | mismatch_kl {m['mismatch_kl']:.1e}" + (f" spliced {m['mismatch_kl_spliced']:.1e}"
                                                          if m.get("mismatch_tokens_spliced") else "")
     if any(k.startswith("eval_") and k.endswith("_acc") for k in m):

@@ -10,7 +10,7 @@ download, no network; random weights cost the same FLOPs as trained ones):
     update     grpo.update: one mini-batch, packed micro-batches, AdamW
     sync       engine.update_weights of every parameter into the engine's own copy of the model
 
-and whether the engine and the trainer agree: mismatch_kl is mismatch.py's KL between the engine's sampling
+and whether the engine and the trainer agree: mismatch_kl is machinery/mismatch.py's KL between the engine's sampling
 log-probs and the trainer's old log-probs, on a rollout that follows a weight push; stale_kl is the same after
 an update whose push was skipped (a control step, after the measured ones). A weight sync that works gives
 mismatch_kl well below stale_kl (the --lr default moves the policy far enough to tell).
@@ -53,8 +53,7 @@ import torch  # noqa: E402
 import config  # noqa: E402
 from machinery import engine as engine_mod  # noqa: E402
 import grpo  # noqa: E402
-import mismatch  # noqa: E402
-import precision  # noqa: E402
+from machinery import mismatch, precision  # noqa: E402
 from machinery.engine import SamplingParams  # noqa: E402
 
 # Qwen3 shapes (the released config.json files); "tiny" is ours, for CPU runs.

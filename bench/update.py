@@ -43,8 +43,7 @@ def run_mode(args) -> dict:
 
     import config
     import grpo
-    import packing
-    import precision
+    from machinery import packing, precision
 
     torch.manual_seed(0)
     cfg = transformers.Qwen2Config(vocab_size=args.vocab, hidden_size=args.hidden, num_hidden_layers=args.layers,

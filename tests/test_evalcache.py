@@ -1,5 +1,6 @@
-"""evalcache.py: the step-0 evaluation is reused by weights, eval settings and code, and by nothing else; a damaged
-entry is evaluated again. The evaluation is eval.held_out's, with the scripted model (the only fake)."""
+"""machinery/evalcache.py: the step-0 evaluation is reused by weights, eval settings and code, and by nothing
+else; a damaged entry is evaluated again. The evaluation is eval.held_out's, with the scripted model (the only
+fake)."""
 import asyncio
 import dataclasses
 import shutil
@@ -8,11 +9,11 @@ import pytest
 
 import config
 import eval as ev
-import evalcache
 import reward
 from data import models
 from data.problems import Problem
 from fakes import ScriptedEngine
+from machinery import evalcache
 
 PROBLEMS = [Problem(id="a", problem="What is 1 + 1?", answer="2", task="math"),
             Problem(id="b", problem="What is 3 + 4?", answer="7", task="math")]

@@ -111,8 +111,8 @@ def test_fsdp2_one_gpu_update_matches_plain_module(model_name, nccl_group):
 
     import config
     import grpo
-    import precision
     from data import models
+    from machinery import precision
     cfg = config.Grpo(max_tokens_per_micro=64)  # the defaults but for 64-token micro-batches
     plain = models.load_model(model_name, dtype=torch.float32).cuda()
     sharded = shard(copy.deepcopy(plain))
@@ -165,8 +165,8 @@ def test_fsdp2_bf16_mixed_precision_update(model_name, nccl_group):
 
     import config
     import grpo
-    import precision
     from data import models
+    from machinery import precision
     cfg = config.Grpo(max_tokens_per_micro=64)  # the defaults but for 64-token micro-batches
     plain = models.load_model(model_name, dtype=torch.float32).cuda()
     mixed = shard(copy.deepcopy(plain), mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16,

@@ -1,6 +1,6 @@
-"""Tests for grpo.py, packing.py and precision.py: advantages, the clipped loss, aggregation, chunked and
-packed log-probs, shared-prompt packing, the update loop (accumulation, NaN guard, loss scaling, learning),
-and 2-rank FSDP2 equivalence.
+"""Tests for grpo.py, machinery/packing.py and machinery/precision.py: advantages, the clipped loss,
+aggregation, chunked and packed log-probs, shared-prompt packing, the update loop (accumulation, NaN guard,
+loss scaling, learning), and 2-rank FSDP2 equivalence.
 
 The models are tiny random Hugging Face configs built here (the one thing tests may fake).
 """
@@ -17,12 +17,10 @@ import torch.multiprocessing as mp
 import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import checkpoint  # noqa: E402
 import config  # noqa: E402
 import grpo  # noqa: E402
-import packing  # noqa: E402
-import precision  # noqa: E402
 from grpo import NonFiniteLossError, TrainSeq  # noqa: E402
+from machinery import checkpoint, packing, precision  # noqa: E402
 
 V = 300
 

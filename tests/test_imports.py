@@ -1,17 +1,21 @@
 """The project's import graph, read with ast (nothing is imported or run): no cycles, and the leaves stay leaves.
 
 Every import counts, including those inside functions (a lazy import still ties the two modules together), so
-that saar.py and sandbox.py can be read, copied and tested alone."""
+that saar.py, sandbox.py and the leaves of machinery/ can be read, copied and tested alone."""
 import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LEAVES = ("saar", "sandbox", "config", "packing", "precision", "mismatch")  # import no project module: the standard library only
+PACKAGES = ("data", "machinery")
+# import no project module: the standard library and third-party packages only
+LEAVES = ("saar", "config", "machinery.packing", "machinery.precision", "machinery.mismatch", "machinery.engine",
+          "machinery.zygote")
 
 
 def project_modules() -> dict[str, Path]:
     mods = {p.stem: p for p in ROOT.glob("*.py")}
-    mods.update({f"data.{p.stem}": p for p in (ROOT / "data").glob("*.py") if p.stem != "__init__"})
+    for pkg in PACKAGES:
+        mods.update({f"{pkg}.{p.stem}": p for p in (ROOT / pkg).glob("*.py") if p.stem != "__init__"})
     return mods
 
 
@@ -23,8 +27,9 @@ def imports_of(path: Path, mods: dict) -> set[str]:
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-        elif isinstance(node, ast.ImportFrom):  # relative, inside data/
-            names = [f"data.{node.module}" if node.module else f"data.{a.name}" for a in node.names]
+        elif isinstance(node, ast.ImportFrom):  # relative, inside a package
+            pkg = path.parent.name
+            names = [f"{pkg}.{node.module}" if node.module else f"{pkg}.{a.name}" for a in node.names]
         else:
             continue
         out |= {n for n in names if n in mods}
@@ -59,12 +64,17 @@ def find_cycle(g: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_import_graph_has_no_cycle_and_the_leaves_import_no_project_module():
     g = graph()
-    assert {"train", "rollout", "saar", "sandbox", "grpo", "engine", "reward", "eval", "sft", "data.models"} <= set(g)
+    assert {"train", "rollout", "saar", "sandbox", "grpo", "machinery.engine", "reward", "eval", "sft", "data.models",
+            "machinery.packing", "machinery.checkpoint", "machinery.zygote"} <= set(g)
     assert g["rollout"] and g["train"]  # the walk sees imports at all
+    assert {"machinery.packing", "machinery.precision"} <= g["grpo"]  # and `from machinery import x` as x
     cycle = find_cycle(g)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
     for leaf in LEAVES:
         assert not g[leaf], f"{leaf}.py imports project modules {sorted(g[leaf])}"
+    # sandbox.py and its machinery are read, copied and tested together: its only project import is that file,
+    # which the zygote runs alone
+    assert g["sandbox"] == {"machinery.zygote"}, sorted(g["sandbox"])
 
 
 def test_the_check_finds_a_cycle_and_a_leaf_import(tmp_path):
@@ -73,3 +83,6 @@ def test_the_check_finds_a_cycle_and_a_leaf_import(tmp_path):
     assert find_cycle({"a": {"b"}, "b": set()}) is None
     (tmp_path / "saar.py").write_text("def f():\n    import rollout\n")
     assert imports_of(tmp_path / "saar.py", {"rollout": None, "saar": None}) == {"rollout"}
+    (tmp_path / "mismatch.py").write_text("from machinery import packing\nimport machinery.precision as p\n")
+    mods = {"machinery.packing": None, "machinery.precision": None, "packing": None}
+    assert imports_of(tmp_path / "mismatch.py", mods) == {"machinery.packing", "machinery.precision"}

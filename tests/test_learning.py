@@ -28,14 +28,13 @@ import torch
 
 import config
 import grpo
-import packing
-import precision
 import reward
 import rollout
 import saar
 from data.models import load_model, load_tokenizer
 from machinery.engine import HFEngine, SamplingParams
 from fakes import ScriptedEngine
+from machinery import packing, precision
 from sandbox import Sandbox
 
 

@@ -1,4 +1,4 @@
-"""mismatch.py: the engine/trainer gap on hand-made log-probs against formulas written here, the rollout
+"""machinery/mismatch.py: the engine/trainer gap on hand-made log-probs against formulas written here, the rollout
 correction's weights and dropped sequences, and on a real run the stale-weights control."""
 import math
 
@@ -7,9 +7,9 @@ import torch
 
 import config
 import grpo
-import mismatch
 import train
 from grpo import TrainSeq
+from machinery import mismatch
 from test_train import SMALL, metrics, parse
 
 NAN = float("nan")

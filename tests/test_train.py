@@ -12,11 +12,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import checkpoint
 import config
 import reward
 import train
 from data import problems
+from machinery import checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--model", "tiny-qwen3", "--no-warm-start", "--tool-format", "hermes", "--prompts-per-step", "2",

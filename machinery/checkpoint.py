@@ -1,4 +1,4 @@
-"""checkpoint.py: the run folder, so that a run is reproducible from it and --resume continues it exactly.
+"""machinery/checkpoint.py: the run folder, so that a run is reproducible from it and --resume continues it exactly.
 
 run.json (every setting by its flag's name, the commit, argv, the Python version), git.diff, packages.txt;
 ckpt.pt (model, optimizer, scheduler, loss scaler, step, data position, every RNG state), written to a temp

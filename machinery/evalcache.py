@@ -1,4 +1,4 @@
-"""evalcache.py: train.py's step-0 evaluation, reused across runs (a speed-up of ours; the paper has none).
+"""machinery/evalcache.py: train.py's step-0 evaluation, reused across runs (a speed-up of ours; the paper has none).
 
 A run's held-out score before its first update is a function of the weights, the evaluation's settings and the
 evaluation's code, so a run that would compute the same score as an earlier one (the same cold start with other
@@ -53,7 +53,6 @@ def key(args, model_path: str, templates: dict | None = None) -> str | None:
     from importlib import metadata
 
     import config
-    from machinery import engine
     import eval as heldout
     import reward
     import rollout
@@ -62,6 +61,7 @@ def key(args, model_path: str, templates: dict | None = None) -> str | None:
     import sft
     import tools
     from data import models, problems, synth
+    from machinery import engine, zygote
     folder = Path(models.resolve(model_path))  # an offline model's name: its built folder
     if not folder.is_dir():
         return None
@@ -71,7 +71,7 @@ def key(args, model_path: str, templates: dict | None = None) -> str | None:
     fields = {k: v for k, v in config.flat(args).items() if k not in NOT_IN_EVAL}
     fields["templates"] = templates  # the wording --prompt-template loaded, not its path
     h.update(json.dumps(fields, sort_keys=True).encode())
-    for mod in (engine, reward, rollout, saar, sandbox, tools, models, problems, synth):
+    for mod in (engine, reward, rollout, saar, sandbox, zygote, tools, models, problems, synth):
         h.update(inspect.getsource(mod).encode())
     h.update(inspect.getsource(heldout.held_out).encode())
     h.update(" ".join(metadata.version(d) for d in ("torch", "transformers")).encode())

@@ -1,4 +1,4 @@
-"""precision.py: the update's numerics: dtype names, mixed precision, fp16 loss scaling, the non-finite guard.
+"""machinery/precision.py: the update's numerics: dtype names, mixed precision, fp16 loss scaling, the non-finite guard.
 
 Machinery, not algorithm: none of it changes the GRPO objective. The weights and the optimizer state stay
 float32, and --update-dtype picks the compute dtype of the update's forward and backward passes: `autocast` on one process, FSDP2's MixedPrecisionPolicy under torchrun (train.py). A

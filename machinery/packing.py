@@ -1,4 +1,4 @@
-"""packing.py: the micro-batches of the GRPO update: packed rows, their log-probs, and the sdpa that reads them.
+"""machinery/packing.py: the update's micro-batches: packed rows, their log-probs, and the sdpa that reads them.
 
 The paper's trainer (veRL) removes padding too (`use_remove_padding`, flash-attention's varlen kernels). This
 is ours, which also runs on a CPU; it changes what a forward and backward pass cost, not the loss or gradient.
