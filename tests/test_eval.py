@@ -354,7 +354,7 @@ def test_faithful_sets_the_official_rollout(monkeypatch):
     faithful = config.flat(ev.main(["--faithful", "--benchmarks", "aime24"]))
     mine = {k: v for k, v in config.FAITHFUL.items() if k in faithful}
     assert set(mine) == {"tool_echo", "tool_header", "repair_json", "tool_cap_ends", "last_turn_calls", "sim_eos",
-                         "lcb_grader"}
+                         "lcb_grader", "tool_clock"}
     assert {k: faithful[k] for k in mine} == mine
     assert {k: config.flat(ev.main(["--benchmarks", "aime24"]))[k] for k in mine} != mine  # the control: not set
 
