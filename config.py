@@ -3,9 +3,12 @@
 Each section is a small dataclass; an entry script's arguments are a few of them (`Train`, `Eval`). tyro
 builds the command line from them with flat flag names (`--max-turns`, not `--rollout.max-turns`), the
 field docstrings as the help, one group per section, and rejects a value outside a `Literal` with its own
-error. The algorithm modules take their section whole: rollout.py a `Rollout` and a `Saar`, saar.py a
-`Saar`, grpo.py a `Grpo`. The defaults are the CPU demo's; eval.py starts from the paper's evaluation
-settings (`Eval`), and the paper's training runs pass theirs in scripts/.
+error. The algorithm's sections come first (`Rollout`, `Saar`, `Grpo`); train.py's machinery (engine, sandbox,
+how the update runs) sits under one heading, `Machinery`. The algorithm modules take their section whole:
+rollout.py a `Rollout` and a `Saar`, saar.py a `Saar`, grpo.py a `Grpo` (and the update's `Update`). Each mode
+list is a `Literal` declared here once; a module that checks a mode reads it back with typing.get_args. The
+defaults are the CPU demo's; eval.py starts from the paper's evaluation settings (`Eval`), and the paper's
+training runs pass theirs in scripts/.
 
 `--faithful` applies FAITHFUL, the official code's choice wherever ours differs, to whichever sections an
 entry script has (docs/departures.md lists each one).
@@ -17,6 +20,15 @@ from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
 import tyro
+
+# the mode lists, each declared once (grpo.py, reward.py and the sections below read them)
+AggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm",
+                  "verl-token-mean"]
+KlType = Literal["kl", "low_var_kl"]  # veRL's names for Schulman's k1 and k3 estimators
+MathGrader = Literal["math-verify", "strict-box"]
+LcbGrader = Literal["strict", "official"]
+DType = Literal["float32", "bfloat16", "float16"]
+CallFormat = Literal["markdown", "hermes"]  # how a call is written (--tool-format adds none and auto)
 
 
 @dataclass
@@ -72,8 +84,6 @@ class Data:
     """also evaluate every N steps (0: only before the first step and after the last)"""
     eval_sampled: bool = False
     """score the held-out set at the rollout temperature too, not only greedy"""
-    eval_saar: Literal["off", "on", "both"] = "off"
-    """test-time SAAR in the held-out eval: off (the policy's own tool use), on (the paper's evals) or both"""
     eval_cache: bool = True
     """reuse the step-0 evaluation of an earlier run that scored the same weights (hashed) with the same eval
     settings and code (<cache>/eval; a run of the same cold start with other training flags shares it)"""
@@ -136,7 +146,8 @@ class Rollout:
 
 @dataclass
 class Saar:
-    """SAAR's parameters (saar.py), for training and test-time SAAR alike."""
+    """SAAR's parameters (saar.py), for training and test-time SAAR alike; TrainSaar and EvalSaar add where each
+    script uses it."""
     gamma: float = 0.5
     """similarity threshold: >= gamma shallow (keep the old reasoning, swap in the new call), else deep"""
     max_retries: int = 3
@@ -156,6 +167,24 @@ class Saar:
 
 
 @dataclass
+class TrainSaar(Saar):
+    """SAAR (saar.py): its parameters, and where train.py uses it."""
+    saar: bool = True
+    """purify failed tool calls with SAAR in the training rollouts"""
+    rollback_p: float = 1.0
+    """curriculum mixing: probability a trajectory uses SAAR (paper: 1.0 for 4B, 0.7 for 7B)"""
+    eval_saar: Literal["off", "on", "both"] = "off"
+    """test-time SAAR in the held-out eval: off (the policy's own tool use), on (the paper's evals) or both"""
+
+
+@dataclass
+class EvalSaar(Saar):
+    """SAAR (saar.py): its parameters, and where eval.py uses it."""
+    saar: Literal["paper", "on", "off", "both"] = "paper"
+    """test-time SAAR: paper (on for AIME/GPQA, off for LCB, as the official eval scripts), on, off, both"""
+
+
+@dataclass
 class Grpo:
     """The GRPO step: batch, reward, loss and optimizer (grpo.py)."""
     prompts_per_step: int = 4
@@ -164,11 +193,7 @@ class Grpo:
     """rollouts per prompt, the GRPO group (paper: 16)"""
     mini_batch_prompts: int = 2
     """prompts per optimizer step; several per GRPO step (paper: 32 of 128)"""
-    saar: bool = True
-    """purify failed tool calls with SAAR in the training rollouts"""
-    rollback_p: float = 1.0
-    """curriculum mixing: probability a trajectory uses SAAR (paper: 1.0 for 4B, 0.7 for 7B)"""
-    math_grader: Literal["math-verify", "strict-box"] = "math-verify"
+    math_grader: MathGrader = "math-verify"
     """the +1/-1 reward of math problems: math-verify on the last boxed answer (ours), or strict-box (the official
     reward: the last boxed answer within the last 100 characters, equal to the gold answer as a string)"""
     overlong_buffer: int = 64
@@ -188,8 +213,7 @@ class Grpo:
     """PPO clip above 1 (clip-higher)"""
     dual_clip_c: float = 10.0
     """dual-clip bound for negative advantages (0: off)"""
-    agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm",
-                 "verl-token-mean"] = "token-mean"
+    agg: AggMode = "token-mean"
     """loss aggregation: token-mean (over the mini-batch), seq-mean-token-sum, seq-mean-token-mean,
     seq-mean-token-sum-norm (Dr.GRPO), verl-token-mean (veRL: a token-mean per micro-batch, weighted by its sequences)"""
     rollout_is: Literal["none", "token", "seq"] = "none"
@@ -207,7 +231,7 @@ class Grpo:
     or an engine precision far from the trainer's"""
     kl_coef: float = 0.0
     """KL penalty to the initial policy (paper: 0)"""
-    kl_type: Literal["kl", "low_var_kl"] = "low_var_kl"
+    kl_type: KlType = "low_var_kl"
     """kl (k1) or low_var_kl (k3)"""
     lr: float = 3e-5
     """AdamW learning rate (paper: 2e-6 for 4B, 1e-6 for 7B)"""
@@ -228,12 +252,27 @@ class Grpo:
     paper; peft): no weight gradients for the frozen weights, a tiny optimizer state"""
     lora_alpha: float = 32.0
     """LoRA scale numerator: the adapters' update is scaled by lora_alpha / lora_rank"""
+
+    def __post_init__(self):
+        if self.lora_rank < 0:
+            raise ValueError(f"--lora-rank must be >= 0 (0: no adapters), got {self.lora_rank}")
+        if not 0.0 <= self.rollout_is_threshold_lower < 1.0 < self.rollout_is_threshold:
+            raise ValueError(f"--rollout-is-threshold must be > 1 and --rollout-is-threshold-lower in [0, 1), got "
+                             f"{self.rollout_is_threshold} and {self.rollout_is_threshold_lower}")
+
+
+# ---------------------------------------------------------------------- the machinery: how a run goes, not what it does
+
+@dataclass
+class Update:
+    """How the update runs (machinery/packing.py, machinery/precision.py): micro-batches, precision, memory, and
+    what a non-finite loss does; the loss and its gradient are the grpo section's, up to float rounding."""
     max_tokens_per_micro: int = 4096
     """token budget of one micro-batch"""
     share_prompts: bool = True
     """packed rows hold a group's samples behind one copy of their prompt: the same loss and gradient, up to
     float rounding, for fewer tokens (machinery/packing.py)"""
-    update_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    update_dtype: DType = "float32"
     """compute dtype of the update's and the old log-probs' forward and backward passes; the weights and optimizer
     state stay float32: torch.autocast on one process, FSDP2's MixedPrecisionPolicy"""
     loss_scale: float = 0.0
@@ -248,13 +287,6 @@ class Grpo:
     """recompute activations in the backward pass"""
     offload: bool = False
     """FSDP2: keep parameters, gradients and optimizer state on the CPU (the paper's param/optimizer offload)"""
-
-    def __post_init__(self):
-        if self.lora_rank < 0:
-            raise ValueError(f"--lora-rank must be >= 0 (0: no adapters), got {self.lora_rank}")
-        if not 0.0 <= self.rollout_is_threshold_lower < 1.0 < self.rollout_is_threshold:
-            raise ValueError(f"--rollout-is-threshold must be > 1 and --rollout-is-threshold-lower in [0, 1), got "
-                             f"{self.rollout_is_threshold} and {self.rollout_is_threshold_lower}")
 
 
 @dataclass
@@ -271,7 +303,7 @@ class Engine:
     """use an already running SGLang server at this URL instead of an in-process engine"""
     device: str = "auto"
     """cpu, cuda, or auto"""
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: DType = "float32"
     """dtype of the engine's weights (the paper's code: float16); a float32 HF engine on one process may decode
     with the policy's own weights, another dtype gets a copy, refreshed after each update"""
     deterministic: bool = False
@@ -296,6 +328,16 @@ class Sandbox:
 
 
 @dataclass
+class Machinery:
+    """train.py's machinery, under one heading of its --help: the engine, the sandbox and how the update runs."""
+    engine: Engine = field(default_factory=Engine)
+    sandbox: Sandbox = field(default_factory=Sandbox)
+    update: Update = field(default_factory=Update)
+
+
+# ---------------------------------------------------------------------- eval.py's and sft.py's own
+
+@dataclass
 class Bench:
     """eval.py's benchmarks, their data and their grading."""
     benchmarks: str = "aime24,aime25,gpqa,lcb"
@@ -312,8 +354,6 @@ class Bench:
     """samples per problem for lcb"""
     tools: bool = True
     """let the model call its tools (--no-tools: --tool-format none)"""
-    saar: Literal["paper", "on", "off", "both"] = "paper"
-    """test-time SAAR: paper (on for AIME/GPQA, off for LCB, as the official eval scripts), on, off, both"""
     data_dir: str = ""
     """folder with aime24.jsonl / aime25.jsonl (default: $CLEANER_DATA or ../shared/data)"""
     gpqa_path: str = ""
@@ -332,9 +372,9 @@ class Bench:
     """per-test time limit for code (LiveCodeBench's default)"""
     grade_workers: int = 4
     """responses graded in parallel (code runs in the sandbox)"""
-    lcb_grader: Literal["strict", "official"] = "strict"
+    lcb_grader: LcbGrader = "strict"
     """LiveCodeBench grading: strict (ours: each test in a fresh process) or official (LiveCodeBench's harness:
-    its code extraction, exits, stdin and comparisons; reward.py)"""
+    its code extraction, exits, stdin and comparisons; machinery/lcb.py)"""
 
 
 @dataclass
@@ -347,7 +387,7 @@ class Sft:
     fix_fraction: float = 0.0
     """synth: share of conversations whose first call is broken (its real error from the sandbox follows) and a
     second call fixes it, so the model learns to call again after an error, which SAAR purifies"""
-    tool_format: Literal["markdown", "hermes"] = "markdown"
+    tool_format: CallFormat = "markdown"
     """how calls are written, as in the rollout: markdown (```python blocks) or hermes (<tool_call> JSON)"""
     tool_output_chars: int = 256
     """tool outputs are cut to this many characters (middle cut), as the rollout does"""
@@ -381,17 +421,18 @@ class Sft:
     """torch CPU threads (0 = torch's default)"""
 
 
+# ---------------------------------------------------------------------- the entry scripts' arguments
+
 @dataclass
 class Train:
-    """train.py's arguments."""
+    """train.py's arguments: the algorithm's sections first, then the run's, then the machinery's."""
     common: Common = field(default_factory=Common)
-    run: Run = field(default_factory=Run)
-    data: Data = field(default_factory=Data)
     rollout: Rollout = field(default_factory=Rollout)
-    saar: Saar = field(default_factory=Saar)
+    saar: TrainSaar = field(default_factory=TrainSaar)
     grpo: Grpo = field(default_factory=Grpo)
-    engine: Engine = field(default_factory=Engine)
-    sandbox: Sandbox = field(default_factory=Sandbox)
+    data: Data = field(default_factory=Data)
+    run: Run = field(default_factory=Run)
+    machinery: Machinery = field(default_factory=Machinery)
 
 
 @dataclass
@@ -402,7 +443,7 @@ class Eval:
     bench: Bench = field(default_factory=Bench)
     rollout: Rollout = field(default_factory=lambda: Rollout(tool_format="auto", max_turns=16, max_response_tokens=0,
                                                              temperature=1.0, top_p=0.6))
-    saar: Saar = field(default_factory=Saar)
+    saar: EvalSaar = field(default_factory=EvalSaar)
     engine: Engine = field(default_factory=lambda: Engine(sglang_mem_fraction=0.8))
     sandbox: Sandbox = field(default_factory=Sandbox)
 
@@ -422,8 +463,9 @@ FAITHFUL = dict(warmup_unit="train", agg="verl-token-mean", math_grader="strict-
 
 
 def sections(args) -> list:
-    """The section dataclasses of an entry script's arguments, in order."""
-    return [getattr(args, f.name) for f in dataclasses.fields(args)]
+    """The section dataclasses of an entry script's arguments, in order (Machinery's in its place)."""
+    parts = [getattr(args, f.name) for f in dataclasses.fields(args)]
+    return [s for part in parts for s in (sections(part) if isinstance(part, Machinery) else [part])]
 
 
 def flat(args) -> dict:
@@ -436,9 +478,19 @@ def replace(args, **values):
     unknown = set(values) - set(flat(args))
     if unknown:
         raise TypeError(f"unknown settings {sorted(unknown)}")
-    return dataclasses.replace(args, **{
-        f.name: dataclasses.replace(s, **{k: v for k, v in values.items() if k in {g.name for g in dataclasses.fields(s)}})
-        for f, s in zip(dataclasses.fields(args), sections(args))})
+    return _replace(args, values)
+
+
+def _replace(obj, values: dict):
+    """obj with the settings of values that it holds replaced, in its sections too."""
+    new = {}
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        if dataclasses.is_dataclass(v):
+            new[f.name] = _replace(v, values)
+        elif f.name in values:
+            new[f.name] = values[f.name]
+    return dataclasses.replace(obj, **new)
 
 
 def unflat(cls, values: dict):

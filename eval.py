@@ -70,10 +70,10 @@ BENCHMARKS = {
 }
 
 
-def saar_settings(b: config.Bench, benchmark: str) -> list[bool]:
-    """Which test-time SAAR settings to run: the paper's eval scripts keep it on for AIME and GPQA and
+def saar_settings(s: config.EvalSaar, benchmark: str) -> list[bool]:
+    """Which test-time SAAR settings to run (--saar): the paper's eval scripts keep it on for AIME and GPQA and
     off for LiveCodeBench ("paper"); "both" runs each benchmark twice, so the two can be compared."""
-    return {"on": [True], "off": [False], "both": [False, True], "paper": [BENCHMARKS[benchmark].paper_saar]}[b.saar]
+    return {"on": [True], "off": [False], "both": [False, True], "paper": [BENCHMARKS[benchmark].paper_saar]}[s.saar]
 
 
 # ------------------------------------------------------------------- generation: the training rollout (rollout.py)
@@ -120,7 +120,7 @@ def generate(args: config.Eval, problems: list[Problem]) -> list[dict]:
         for bench in dict.fromkeys(p.meta["benchmark"] for p in problems):
             mine = [p for p in problems if p.meta["benchmark"] == bench]
             n = BENCHMARKS[bench].n(b)
-            for use_saar in saar_settings(b, bench):
+            for use_saar in saar_settings(args.saar, bench):
                 def graded(p: Problem, tr) -> dict:  # one sample's record, graded as --score grades it
                     rec = dict(benchmark=bench, problem_id=p.id, sample_idx=tr.meta["sample_idx"],
                                response=tr.final_text(tok), num_tool_calls=tr.num_tool_calls,
@@ -386,7 +386,7 @@ def held_out(loop, eng, sandbox, tokenizer, problems, args: config.Train, *, ste
     # test-time SAAR off is eval_greedy, on is eval_greedy_saar, whatever the flag, so runs and their later
     # --eval-only calls line up
     modes = {"off": [("", None)], "on": [("_saar", args.saar)], "both": [("", None), ("_saar", args.saar)]}
-    for (name, temp), (suffix, saar) in ((t, m) for t in temps for m in modes[args.data.eval_saar]):
+    for (name, temp), (suffix, saar) in ((t, m) for t in temps for m in modes[args.saar.eval_saar]):
         trajs, oks = loop.run_until_complete(rollout.rollout_and_grade(
             eng, sandbox, tokenizer, mine, dataclasses.replace(rollout_cfg, temperature=temp), saar, saar_p=1.0,
             grade=grade, seeds=list(range(len(mine))), templates=templates, progress=out_dir is not None))

@@ -32,7 +32,7 @@ import time
 from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, get_args
 
 import torch
 import torch.distributed as dist
@@ -41,8 +41,8 @@ import config
 from machinery import packing, precision
 from machinery.precision import NonFiniteLossError  # noqa: F401  (callers catch grpo.NonFiniteLossError)
 
-AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm", "verl-token-mean")
-KL_TYPES = ("kl", "low_var_kl")  # veRL's names for Schulman's k1 and k3 estimators
+AGG_MODES = get_args(config.AggMode)
+KL_TYPES = get_args(config.KlType)
 
 
 @dataclass
@@ -251,11 +251,11 @@ def loss_normaliser(mini_batch: Sequence[TrainSeq], agg: str, device: torch.devi
 # ----------------------------------------------------------------------------- update
 
 @torch.no_grad()
-def compute_old_logprobs(model: torch.nn.Module, batch: Sequence[TrainSeq], cfg: config.Grpo, *,
+def compute_old_logprobs(model: torch.nn.Module, batch: Sequence[TrainSeq], how: config.Update, *,
                          temperature: float, autocast_dtype: torch.dtype | None = None) -> list[torch.Tensor]:
     """Log-probs of each trajectory's tokens (list of (L_i,) float32 CPU tensors), no grad: old_logp (the policy
     before the update) or ref_logp (a reference model). Only loss tokens are computed (0 elsewhere). The
-    micro-batches (cfg.max_tokens_per_micro, cfg.share_prompts) and autocast_dtype are the update's, so that
+    micro-batches (how.max_tokens_per_micro, how.share_prompts) and autocast_dtype are the update's, so that
     old and new log-probs are taken alike."""
     check_batch(batch, old_from=len(batch))
     was_training = model.training
@@ -263,8 +263,8 @@ def compute_old_logprobs(model: torch.nn.Module, batch: Sequence[TrainSeq], cfg:
     device = _device(model)
     out: list[torch.Tensor | None] = [None] * len(batch)
     try:
-        for micro in packing.micro_batches(batch, cfg.max_tokens_per_micro, device,
-                                           share=_shares(model, cfg.share_prompts)):
+        for micro in packing.micro_batches(batch, how.max_tokens_per_micro, device,
+                                           share=_shares(model, how.share_prompts)):
             with precision.autocast(device, autocast_dtype):
                 lp = packing.token_logprobs(model, micro.input_ids, micro.position_ids, mask=micro.loss_mask,
                                             temperature=temperature).cpu()
@@ -277,29 +277,30 @@ def compute_old_logprobs(model: torch.nn.Module, batch: Sequence[TrainSeq], cfg:
 
 
 def update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, batch: Sequence[TrainSeq],
-           cfg: config.Grpo, *, mini_batch_size: int, max_len: int, temperature: float,
+           cfg: config.Grpo, how: config.Update, *, mini_batch_size: int, max_len: int, temperature: float,
            scaler: precision.LossScaler, autocast_dtype: torch.dtype | None = None) -> dict:
     """One GRPO step: an optimizer step per mini-batch of mini_batch_size trajectories (in order; the paper's
     32 prompts x 16 samples is 512), its gradient accumulated over micro-batches of at most
-    cfg.max_tokens_per_micro tokens. Under torch.distributed, mini_batch_size counts this rank's trajectories.
+    how.max_tokens_per_micro tokens. cfg: the loss and the optimizer step; how: how they run (the machinery).
+    Under torch.distributed, mini_batch_size counts this rank's trajectories.
     max_len: Dr.GRPO's constant; temperature: the rollout's; scaler: updated in place; autocast_dtype: the
     forward passes under torch.autocast in this dtype (None: the weights' own).
     A mini-batch whose loss (on any rank) or gradient norm is NaN/inf raises NonFiniteLossError before its
     optimizer.step, the gradients zeroed, the mini-batches before it applied; it is skipped instead if it is
-    an fp16 overflow under a dynamic scaler, or any one with cfg.max_nonfinite_skips > 0 (veRL's behaviour).
+    an fp16 overflow under a dynamic scaler, or any one with how.max_nonfinite_skips > 0 (veRL's behaviour).
     Returns this rank's stats: "loss"/"pg_loss" averaged over mini-batches; token-weighted "clipfrac",
     "clipfrac_lower", "ppo_kl", "kl"; "grad_norm(_max)", "lr", "n_mini_batches", "skipped_steps" (overflows),
     "nonfinite_skipped", "nonfinite_trailing" (those ending the step, in a row), "loss_scale", "n_micro_batches",
     "tokens", "shared_tokens" (prompt copies not run), "loss_tokens", "pad_frac", "tokens_per_s".
     """
-    if mini_batch_size < 1 or cfg.max_tokens_per_micro < 1:
+    if mini_batch_size < 1 or how.max_tokens_per_micro < 1:
         raise ValueError("mini_batch_size and max_tokens_per_micro must be positive")
     check_batch(batch, old_from=mini_batch_size, need_ref=bool(cfg.kl_coef))
     device = _device(model)
     world = dist.get_world_size() if _dist_on() else 1
-    share = _shares(model, cfg.share_prompts)
+    share = _shares(model, how.share_prompts)
     model.train()
-    _set_checkpointing(model, cfg.gradient_checkpointing)
+    _set_checkpointing(model, how.gradient_checkpointing)
     starts = list(range(0, len(batch), mini_batch_size))
     if _all_reduce(len(starts), "max", device) != _all_reduce(len(starts), "min", device):
         raise ValueError(f"ranks have different numbers of mini-batches (this rank: {len(starts)}); "
@@ -311,7 +312,7 @@ def update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, 
         normaliser = loss_normaliser(mini, cfg.agg, device)
         optimizer.zero_grad(set_to_none=True)
         losses = []
-        for micro in packing.micro_batches(mini, cfg.max_tokens_per_micro, device, share=share):
+        for micro in packing.micro_batches(mini, how.max_tokens_per_micro, device, share=share):
             with precision.autocast(device, autocast_dtype):
                 logp = packing.token_logprobs(model, micro.input_ids, micro.position_ids, mask=micro.loss_mask,
                                               temperature=temperature)
@@ -332,7 +333,7 @@ def update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, 
                 losses.append((loss.detach(), micro.index))
                 _tally(sums, counts, loss, st, micro)
         norm = precision.unscale_and_clip(model, scaler, cfg.grad_clip)
-        skip = precision.skip_or_raise(optimizer, scaler, losses, norm, skip_nonfinite=cfg.max_nonfinite_skips > 0,
+        skip = precision.skip_or_raise(optimizer, scaler, losses, norm, skip_nonfinite=how.max_nonfinite_skips > 0,
                                        device=device, where=(k, s))
         if skip:  # "overflow" (fp16: the scale was halved) or "nonfinite"; the gradients are zeroed
             counts[skip] += 1
@@ -468,7 +469,8 @@ def _set_checkpointing(model: torch.nn.Module, on: bool) -> None:
     if on == (model.is_activation_checkpointing if new else model.is_gradient_checkpointing):
         return
     if on:
-        (model.activation_checkpointing_enable if new else model.gradient_checkpointing_enable)({"use_reentrant": False})
+        enable = model.activation_checkpointing_enable if new else model.gradient_checkpointing_enable
+        enable({"use_reentrant": False})
     else:
         (model.activation_checkpointing_disable if new else model.gradient_checkpointing_disable)()
 

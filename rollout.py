@@ -91,7 +91,8 @@ def load_prompt_template(path: str) -> dict:
         raise ValueError(f"--prompt-template {path}: expected a JSON object of strings")
     unknown = set(t) - set(PROMPTS) - {"system"}
     if unknown:
-        raise ValueError(f"--prompt-template {path}: unknown keys {sorted(unknown)}; known: {sorted(PROMPTS)} and system")
+        raise ValueError(f"--prompt-template {path}: unknown keys {sorted(unknown)}; "
+                         f"known: {sorted(PROMPTS)} and system")
     for task, text in t.items():
         if task != "system" and "{problem}" not in text:
             raise ValueError(f"--prompt-template {path}: the {task!r} template has no {{problem}}")

@@ -19,10 +19,11 @@ starts from a model that already produces the rollout's layout:
     encode(final answer) + [eos]                    eos is <|im_end|>                     mask 1
 Departures from a plain chat-template SFT, all for that reason: a call turn is not closed with
 <|im_end|> by the model (the scaffolding does it); whatever followed the first call inside one
-assistant message is dropped (generation stops there); tool outputs are cut to 256 characters in
-the middle; a call is rendered in the chosen tool format whatever the data's tool was named, with
-the code from `arguments.code`. For generated data the tool output is the program's raw stdout,
-trailing newline included, which is exactly what the sandbox shows the model during RL.
+assistant message is dropped (generation stops there); tool outputs are cut in the middle to
+--tool-output-chars (256; train.py passes the rollout's); a call is rendered in the chosen tool
+format whatever the data's tool was named, with the code from `arguments.code`. For generated data
+the tool output is the program's raw stdout, trailing newline included, which is exactly what the
+sandbox shows the model during RL.
 
 Training: AdamW, linear warmup then linear decay, packed micro-batches (packing.pack), log-probs from
 packing.token_logprobs (lm_head applied in chunks, only on loss tokens: never a (T, vocab) float32
@@ -31,7 +32,7 @@ several epochs on 3K conversations) is not reproduced; this is a CPU-sized warm-
 
     python sft.py                                   # SmolLM2-135M on 128 generated conversations
     python sft.py --data ra_sft.jsonl --model Qwen/Qwen3-4B-Instruct-2507 --tool_format hermes
-train.py calls `warm_start(model, tool_format=..., seed=...)`, which caches the result.
+train.py calls `warm_start(model, tool_format=..., seed=..., **the run's settings that shape it)`, which caches it.
 """
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ import re
 import shutil
 import sys
 import time
+import typing
 from pathlib import Path
 
 import torch
@@ -64,7 +66,7 @@ Args = config.SftArgs  # model and seed (config.Common), the cold start's own se
 
 MARKER = "cleaner_sft.json"
 EVAL_SEED_OFFSET = 10_000  # eval problems come from another seed's stream than the training ones
-TOOL_FORMATS = ("markdown", "hermes")
+TOOL_FORMATS = typing.get_args(config.CallFormat)
 
 
 # --------------------------------------------------------------------------- conversations -> tokens

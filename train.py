@@ -1,26 +1,30 @@
 """train.py: GRPO with SAAR-purified multi-turn tool rollouts (the paper's training loop, Sec. 3-4).
 
-Setup (models, engine, sandbox, data, optimizer), then one GRPO step a screen: rollout and rewards, group
-advantages, the update (grpo.update, whose micro-batch loop calls grpo.policy_loss), eval/log/checkpoint.
-Every setting is a flag of config.py. The defaults are the CPU demo: SmolLM2-135M-Instruct warmed up by sft.py
-(a quarter of its conversations fail a call and fix it, as the paper's cold start teaches retrying), trained on
-generated problems at the model's edge with the markdown tool format, SAAR on, the top 12 layers trained and
-temperature 0.6 (at 1.0 the 135M model writes mostly broken code); 128 held-out problems are evaluated greedily
+Setup (models, engine, sandbox, data, optimizer: `setup`, once), then one GRPO step a screen: the
+rollout, the rewards and their group advantages, the update (grpo.update, whose micro-batch loop
+calls grpo.policy_loss), eval/log/checkpoint. Every setting is a flag of config.py. The defaults are
+the CPU demo: SmolLM2-135M-Instruct warmed up by sft.py (a quarter of its conversations fail a call
+and fix it, as the paper's cold start teaches retrying), trained on generated problems at the
+model's edge with the markdown tool format, SAAR on, the top 12 layers trained and temperature 0.6
+(at 1.0 the 135M model writes mostly broken code); 128 held-out problems are evaluated greedily
 before the first step and after the last, and the run ends with the gain and its paired 95% CI.
 
     python train.py                                   # the CPU demo (docs/results.md)
     python train.py --model tiny-qwen3 --steps 2      # the smallest end-to-end run
-    torchrun --nproc_per_node=4 train.py ...          # one node, FSDP2 over the policy; scripts/ has the paper's
+    torchrun --nproc_per_node=4 train.py ...          # one node, FSDP2 over the policy (scripts/: the paper's)
 
-Departures (docs/departures.md): the reward grades the final assistant turn; a run is reproducible from its
-folder (machinery/checkpoint.py); where our default differs from the official code, --faithful sets its choice.
+Departures (docs/departures.md): the reward grades the final assistant turn; a run is reproducible
+from its folder (machinery/checkpoint.py); where our default differs from the official code,
+--faithful sets its choice.
 """
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import os
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -39,23 +43,135 @@ from machinery import checkpoint, evalcache, mismatch, packing, precision
 from sandbox import Sandbox
 
 Args = config.Train
-SUMMED = {"loss", "dropped_groups", "saar_shallow", "saar_deep", "saar_given_up", "saar_answered", "saar_regen_tokens"}
+SUMMED = {"loss", "dropped_groups", "saar_shallow", "saar_deep", "saar_given_up", "saar_answered",
+          "saar_regen_tokens"}
 
 
 def main(args: Args):
     t_run = time.perf_counter()
     args = config.apply_faithful(checkpoint.args_of_run(args) if args.run.eval_only else args)
-    (r, d, g), (rank, world, device) = (args.run, args.data, args.grpo), init_distributed(args.engine.device)
-    master = rank == 0
-    log = (lambda *a: print(*a, flush=True)) if master else (lambda *a: None)
-    out, ckpt_path = prepare_run(args, world, master)
+    r = args.run
+    d = args.data
+    g = args.grpo
+    s = setup(args)
+    start_step, data_pos = resume(s)
+    writer = checkpoint.metric_writer(s.out, args) if s.master else None
+    warn = mismatch.warn_once(g.mismatch_warn_kl, s.log)
+    if d.eval_size and ((start_step == 0 and r.steps > 0) or r.eval_only):  # the baseline, before any update
+        baseline(s, start_step, writer)
+    saving = None  # the checkpoint being written, waited on before the weights change
+    nonfinite_run = 0  # non-finite mini-batches skipped in a row, across steps
+    for step in range(start_step, start_step if r.eval_only else r.steps):
+        t = {}  # seconds per phase
+        t_step = time.perf_counter()
+        step_pos = data_pos
+        # -------------------------------------------------------------- rollout
+        # this rank's groups, rolled out (SAAR purifying failed calls) and graded, +1/-1 as rewards
+        trajs, rewards, groups, seen, data_pos, sampling = sample_groups(s, step, data_pos, t)
+        # -------------------------------------------------------------- rewards
+        t0 = time.perf_counter()  # group advantages over every rank's rollouts (groups never straddle ranks)
+        all_rewards = [x for part in gather(rewards, s.world) for x in part]
+        all_groups = [x for part in gather(groups, s.world) for x in part]
+        adv, adv_stats = grpo.compute_advantages(all_rewards, all_groups, norm_std=g.norm_adv_std)
+        mine = adv[s.rank * len(rewards):(s.rank + 1) * len(rewards)].tolist()
+        batch = [grpo.TrainSeq.of(tr, a) for tr, a in zip(trajs, mine)]  # the prompt not trained on
+        t["reward"] += time.perf_counter() - t0
+        # -------------------------------------------------------------- update
+        # an optimizer step per mini-batch on grpo.policy_loss (clipped PPO, dual-clip, token-mean)
+        t0 = time.perf_counter()
+        mbs = g.mini_batch_prompts * g.samples_per_prompt // s.world
+        drift = old_logprobs(s, batch, mbs)
+        t["old_logp"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        if saving is not None:  # the last checkpoint holds the live tensors: on disk before the update
+            saving.result()
+            saving = None
+        s.eng.release_memory()  # colocated SGLang: its GPU memory to the update (HF: nothing to give)
+        sched = s.scheduler if g.warmup_unit == "optimizer" else None
+        try:  # no batch: --dynamic-sampling found no group with a signal
+            stats = {} if not batch else grpo.update(
+                s.policy, s.optimizer, sched, batch, g, args.machinery.update, mini_batch_size=mbs,
+                max_len=s.cfg.max_response_tokens, temperature=s.cfg.temperature, scaler=s.scaler,
+                autocast_dtype=s.amp)
+        except grpo.NonFiniteLossError as e:  # no optimizer step took the bad gradient: keep it and stop
+            path = save_nonfinite(s, step, step, step_pos)
+            raise SystemExit(f"step {step + 1}: {e}\nweights are unchanged by the bad update; saved {path}. "
+                             f"The last regular checkpoint is {s.ckpt_path}.")
+        if g.rollout_is == "none":  # engine vs trainer, no extra pass
+            drift = mismatch.measure(batch)
+        nonfinite_run = count_nonfinite(s, stats, nonfinite_run, step, data_pos)
+        if g.warmup_unit == "train":
+            s.scheduler.step()  # veRL: once per training step, after the update
+        t["update"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        push_weights(s)
+        t["sync"] = time.perf_counter() - t0
+        # -------------------------------------------------------------- eval / log / ckpt
+        m = step_metrics(seen, adv_stats, stats, t, s.world, adv_n=len(all_rewards), **sampling, **drift)
+        m["step"] = step + 1
+        if d.eval_size and ((d.eval_every and (step + 1) % d.eval_every == 0) or step + 1 == r.steps):
+            m.update(evaluate(s, step + 1))
+        m["t_wall"] = time.perf_counter() - t_step
+        if s.master:
+            warn(m)  # once, when the engine's log-probs are far from the trainer's: stale weights?
+            s.log(format_line(m))
+            writer(m)
+            checkpoint.dump_rollouts(s.out, step + 1, seen[:r.dump_rollouts], s.tokenizer)
+        if (step + 1) % r.save_every == 0 or step + 1 == r.steps:
+            saving = checkpoint.save(s.ckpt_path, s.policy, s.optimizer, s.scheduler, s.scaler, step + 1,
+                                     s.master, data_pos=data_pos, background=True)
+    finish(s, start_step, saving, t_run)
+
+
+# ---------------------------------------------------------------------- setup
+
+@dataclasses.dataclass
+class Setup:
+    """What `setup` builds once and the step's parts read (the loop's own state is not here)."""
+    args: Args
+    rank: int
+    world: int
+    log: Callable  # print on the master, nothing elsewhere
+    out: str  # the run folder
+    ckpt_path: str
+    cfg: config.Rollout  # args.rollout, its tool format resolved
+    templates: dict | None  # --prompt-template's wording
+    tokenizer: object
+    model_path: str  # the warm start (or --model)
+    policy: torch.nn.Module
+    ref: torch.nn.Module | None  # the reference model of a KL term
+    eng: object  # engine.py's HFEngine or SGLangEngine
+    own_copy: bool  # the engine decodes with its own copy of the weights
+    amp: torch.dtype | None  # the update's autocast dtype (None: the weights' own)
+    scaler: precision.LossScaler
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    sandbox: Sandbox
+    loop: asyncio.AbstractEventLoop
+    train_set: list
+    eval_set: list
+    order: list[int]  # the training order: indices into train_set
+    grade: Callable  # (problem, trajectory) -> right or wrong
+
+    @property
+    def master(self) -> bool:
+        return self.rank == 0
+
+
+def setup(args: Args) -> Setup:
+    """Processes, the run folder, the models, the engine, the sandbox, the data, the optimizer."""
+    g = args.grpo
+    how = args.machinery.update
+    rank, world, device = init_distributed(args.machinery.engine.device)
+    log = functools.partial(print, flush=True) if rank == 0 else silent
+    out, ckpt_path = prepare_run(args, world, rank == 0)
     policy, ref, eng, own_copy, tokenizer, model_path, cfg = build(args, device, world, log)
-    amp = None if world > 1 or g.update_dtype == "float32" else precision.DTYPES[g.update_dtype]  # one process
-    scaler = precision.loss_scaler(g)
+    amp = None if world > 1 or how.update_dtype == "float32" else precision.DTYPES[how.update_dtype]  # one process
+    scaler = precision.loss_scaler(how)
     templates = rollout.load_prompt_template(cfg.prompt_template) if cfg.prompt_template else None
-    sandbox = Sandbox(slots=args.sandbox.sandbox_slots, timeout_s=args.sandbox.tool_timeout_s,
-                      memory_mb=args.sandbox.tool_memory_mb, hide=(os.path.abspath(r.out_dir),),
-                      clock=args.sandbox.tool_clock)
+    sb = args.machinery.sandbox
+    sandbox = Sandbox(slots=sb.sandbox_slots, timeout_s=sb.tool_timeout_s, memory_mb=sb.tool_memory_mb,
+                      hide=(os.path.abspath(args.run.out_dir),), clock=sb.tool_clock)
     train_set, eval_set, order = load_data(args, tokenizer, cfg, templates, log)
 
     def grade(problem, traj) -> bool:  # right or wrong: the final turn's answer, by reward.py (training and eval)
@@ -64,71 +180,19 @@ def main(args: Args):
 
     optimizer, scheduler = grpo.make_optimizer(policy, lr=g.lr, weight_decay=g.weight_decay,
                                                warmup_steps=g.warmup_steps, from_zero=g.warmup_unit == "train")
-    start_step, data_pos = resume(args, ckpt_path, policy, optimizer, scheduler, scaler, log)
-    writer, loop = checkpoint.metric_writer(out, args) if master else None, asyncio.new_event_loop()
-    warn = mismatch.warn_once(g.mismatch_warn_kl, log)
-    roll = dict(loop=loop, eng=eng, sandbox=sandbox, tokenizer=tokenizer, templates=templates, grade=grade)
-    evaluate = lambda step: heldout.held_out(loop, eng, sandbox, tokenizer, eval_set, args, step=step,  # noqa: E731
-                                             out_dir=out if master else None, rollout_cfg=cfg, templates=templates,
-                                             grade=grade, rank=rank, world=world)
-    if d.eval_size and ((start_step == 0 and r.steps > 0) or r.eval_only):  # the baseline, before any update
-        baseline(args, evaluate, start_step, model_path, templates, out, world, writer, log)
-    saving, nonfinite_run = None, 0  # saving: the checkpoint being written, waited on before the weights change
-    for step in range(start_step, start_step if r.eval_only else r.steps):
-        t, t_step, step_pos = {}, time.perf_counter(), data_pos
-        # -------------------------------------------------------------- rollout and rewards
-        trajs, rewards, groups, seen, data_pos, sampling = sample_groups(args, cfg, train_set, order, step, data_pos,
-                                                                         rank, world, master, t, **roll)
-        t0 = time.perf_counter()  # group advantages over every rank's rollouts (groups never straddle ranks)
-        all_r, all_g = ([x for part in gather(xs, world) for x in part] for xs in (rewards, groups))
-        adv, adv_stats = grpo.compute_advantages(all_r, all_g, norm_std=g.norm_adv_std)
-        batch = [grpo.TrainSeq.of(tr, a)  # this rank's share: the prompt not trained on
-                 for tr, a in zip(trajs, adv[rank * len(rewards):(rank + 1) * len(rewards)].tolist())]
-        t["reward"] += time.perf_counter() - t0
-        # -------------------------------------------------------------- update
-        t0, mbs = time.perf_counter(), g.mini_batch_prompts * g.samples_per_prompt // world
-        drift = old_logprobs(policy, ref, batch, mbs, g, temperature=cfg.temperature, autocast_dtype=amp)
-        t["old_logp"], t0 = time.perf_counter() - t0, time.perf_counter()
-        if saving is not None:  # the last checkpoint holds the live tensors: on disk before the update changes them
-            saving, _ = None, saving.result()
-        eng.release_memory()  # colocated SGLang: its GPU memory to the update (HF: nothing to give)
-        save = lambda path, at, pos: checkpoint.save(path, policy, optimizer, scheduler, scaler, at, master,  # noqa: E731
-                                                     data_pos=pos)
-        try:  # no batch: --dynamic-sampling found no group with a signal
-            stats = {} if not batch else grpo.update(
-                policy, optimizer, scheduler if g.warmup_unit == "optimizer" else None, batch, g, mini_batch_size=mbs,
-                max_len=cfg.max_response_tokens, temperature=cfg.temperature, scaler=scaler, autocast_dtype=amp)
-        except grpo.NonFiniteLossError as e:  # no optimizer step took the bad gradient: keep what is good and stop
-            save(path := os.path.join(out, f"ckpt-nonfinite-step{step + 1}.pt"), step, step_pos)
-            raise SystemExit(f"step {step + 1}: {e}\nweights are unchanged by the bad update; saved {path}. "
-                             f"The last regular checkpoint is {ckpt_path}.")
-        drift = mismatch.measure(batch) if g.rollout_is == "none" else drift  # engine vs trainer, no extra pass
-        nonfinite_run = count_nonfinite(stats, nonfinite_run, step, g, log, lambda p: save(p, step + 1, data_pos), out)
-        if g.warmup_unit == "train":
-            scheduler.step()  # veRL: once per training step, after the update
-        t["update"], t0 = time.perf_counter() - t0, time.perf_counter()
-        push_weights(args, eng, policy, own_copy)
-        t["sync"] = time.perf_counter() - t0
-        # -------------------------------------------------------------- eval / log / ckpt
-        m = dict(step_metrics(seen, adv_stats, stats, t, world, adv_n=len(all_r), **sampling, **drift), step=step + 1)
-        if d.eval_size and ((d.eval_every and (step + 1) % d.eval_every == 0) or step + 1 == r.steps):
-            m.update(evaluate(step + 1))
-        m["t_wall"] = time.perf_counter() - t_step
-        if master:
-            warn(m)  # once, when the engine's log-probs are far from the trainer's: stale weights?
-            log(format_line(m))
-            writer(m)
-            checkpoint.dump_rollouts(out, step + 1, seen[:r.dump_rollouts], tokenizer)
-        if (step + 1) % r.save_every == 0 or step + 1 == r.steps:
-            saving = checkpoint.save(ckpt_path, policy, optimizer, scheduler, scaler, step + 1, master,
-                                     data_pos=data_pos, background=True)
-    finish(args, out, start_step, policy, tokenizer, master, saving, sandbox, eng, loop, world, log, t_run)
+    return Setup(args=args, rank=rank, world=world, log=log, out=out, ckpt_path=ckpt_path, cfg=cfg,
+                 templates=templates, tokenizer=tokenizer, model_path=model_path, policy=policy, ref=ref, eng=eng,
+                 own_copy=own_copy, amp=amp, scaler=scaler, optimizer=optimizer, scheduler=scheduler,
+                 sandbox=sandbox, loop=asyncio.new_event_loop(), train_set=train_set, eval_set=eval_set,
+                 order=order, grade=grade)
 
 
-# ---------------------------------------------------------------------- setup
+def silent(*_) -> None:
+    """The log of a rank other than the master."""
+
 
 def init_distributed(device: str) -> tuple[int, int, str]:
-    """(rank, world, device): torchrun's process group (NCCL on GPUs, gloo on CPU), or one process."""
+    """(rank, world, device): torchrun's process group (NCCL on GPUs, gloo on CPU), or one."""
     device = device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return 0, 1, device
@@ -140,14 +204,16 @@ def init_distributed(device: str) -> tuple[int, int, str]:
 
 
 def prepare_run(args: Args, world: int, master: bool) -> tuple[str, str]:
-    """Checks that need the world size or the disk, then the run folder and its run.json: (folder, checkpoint)."""
-    r, g = args.run, args.grpo
+    """Checks that need the world size or the disk, then the run folder and its run.json: (folder,
+    checkpoint path)."""
+    r = args.run
+    g = args.grpo
     if g.prompts_per_step % g.mini_batch_prompts or g.mini_batch_prompts % world:
         raise SystemExit(f"prompts_per_step ({g.prompts_per_step}) must divide by mini_batch_prompts "
                          f"({g.mini_batch_prompts}), and that by the world size ({world})")
     if r.eval_only and not args.data.eval_size:
         raise SystemExit(f"--eval-only: the run {r.run_name!r} has --eval-size 0, no held-out set to evaluate")
-    if args.engine.deterministic:
+    if args.machinery.engine.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
     out = os.path.join(r.out_dir, r.run_name or time.strftime("run-%Y%m%d-%H%M%S"))
     if r.resume and not os.path.exists(os.path.join(out, "ckpt.pt")):
@@ -159,42 +225,47 @@ def prepare_run(args: Args, world: int, master: bool) -> tuple[str, str]:
 
 
 def build(args: Args, device: str, world: int, log):
-    """The cold start (cached), the policy (FSDP2 over ranks), the engine, and the reference model for a KL term.
-    Returns (policy, ref, engine, whether the engine has its own copy of the weights, tokenizer, model_path, the
-    rollout config with its tool format resolved)."""
-    c, g, e = args.common, args.grpo, args.engine
+    """The cold start (cached), the policy (FSDP2 over ranks), the engine, and the reference model
+    for a KL term. Returns (policy, ref, engine, whether the engine has its own copy of the weights,
+    tokenizer, model_path, the rollout config with its tool format resolved)."""
+    c = args.common
+    g = args.grpo
+    e = args.machinery.engine
+    how = args.machinery.update
     fmt = args.rollout.tool_format
     if fmt == "auto":
         fmt = rollout.resolve_tool_format(models.load_tokenizer(c.model), fmt)
     cfg = dataclasses.replace(args.rollout, tool_format=fmt)
     model_path = c.model
-    if args.run.warm_start and c.model in models.OFFLINE and fmt != "none":
-        fix = dict(fix_fraction=args.run.warm_start_fix) if args.run.warm_start_fix else {}  # 0: the cached default
-        model_path = sft.warm_start(c.model, tool_format=fmt, seed=c.seed, **fix)  # cached after once
+    if args.run.warm_start and c.model in models.OFFLINE and fmt != "none":  # cached after once
+        model_path = sft.warm_start(c.model, tool_format=fmt, seed=c.seed, fix_fraction=args.run.warm_start_fix,
+                                    tool_output_chars=cfg.tool_output_chars)
     tokenizer = models.load_tokenizer(model_path)
-    # one process: fp32 weights, the update under torch.autocast in --update-dtype; FSDP2: fp32 masters sharded,
-    # compute in --update-dtype, gradients reduced in fp32
-    policy = models.load_model(model_path, dtype=torch.float32).to("cpu" if g.offload and world > 1 else device)
+    # one process: fp32 weights, the update under torch.autocast in --update-dtype; FSDP2: fp32 masters
+    # sharded, compute in --update-dtype, gradients reduced in fp32
+    policy = models.load_model(model_path, dtype=torch.float32).to("cpu" if how.offload and world > 1 else device)
     packing.packed_attention(policy)  # packed rows: sdpa sequence by sequence, not over the whole row
     grpo.freeze_below(policy, g.train_layers)
     if g.lora_rank:  # adapters before sharding, so FSDP2 shards them with their layer
         grpo.add_lora(policy, g.lora_rank, g.lora_alpha, g.train_layers)
     if world > 1:
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
-        kw = dict(mp_policy=MixedPrecisionPolicy(param_dtype=precision.DTYPES[g.update_dtype],
+        kw = dict(mp_policy=MixedPrecisionPolicy(param_dtype=precision.DTYPES[how.update_dtype],
                                                  reduce_dtype=torch.float32))
-        if g.offload:
+        if how.offload:
             kw["offload_policy"] = CPUOffloadPolicy()
         for layer in policy.model.layers:
             fully_shard(layer, **kw)
         fully_shard(policy, **kw)
     dtype = precision.DTYPES[e.dtype]
-    if torch.device(device).type == "cpu" and "bfloat16" in (e.dtype, g.update_dtype) and not precision.native_bf16():
-        log("dtype: this CPU has no native bfloat16 (AVX512-BF16 or AMX), so bfloat16 runs slower than float32 "
-            "here: pass --update-dtype float32 (and --dtype float32)")
-    # The HF engine gets its own copy of the weights, refreshed after each update, in a lower --dtype, under FSDP
-    # (which needs whole weights) and with LoRA (the engine takes merged weights); otherwise it reads the policy's
-    # own. SGLang (colocated, one engine per rank) holds its own weights and frees its memory in the update.
+    bf16 = "bfloat16" in (e.dtype, how.update_dtype)
+    if torch.device(device).type == "cpu" and bf16 and not precision.native_bf16():
+        log("dtype: this CPU has no native bfloat16 (AVX512-BF16 or AMX), so bfloat16 runs slower than "
+            "float32 here: pass --update-dtype float32 (and --dtype float32)")
+    # The HF engine gets its own copy of the weights, refreshed after each update, in a lower --dtype,
+    # under FSDP (which needs whole weights) and with LoRA (the engine takes merged weights); otherwise it
+    # reads the policy's own. SGLang (colocated, one engine per rank) holds its own weights and frees its
+    # memory in the update.
     gen_model = None
     if e.engine == "hf":
         gen_model = (models.load_model(model_path, dtype=dtype).to(device).eval()
@@ -206,15 +277,16 @@ def build(args: Args, device: str, world: int, log):
                                   server_url=e.sglang_url or None, device=device)
     ref = None
     if g.kl_coef > 0:
-        ref = models.load_model(model_path, dtype=torch.float32 if world == 1 else precision.DTYPES[g.update_dtype])
-        ref = ref.to(device).eval()
+        ref_dtype = torch.float32 if world == 1 else precision.DTYPES[how.update_dtype]
+        ref = models.load_model(model_path, dtype=ref_dtype).to(device).eval()
         packing.packed_attention(ref)
     return policy, ref, eng, gen_model is not policy, tokenizer, model_path, cfg
 
 
 def load_data(args: Args, tokenizer, cfg, templates, log):
-    """(training problems, held-out problems, the training order: indices into the training problems)."""
-    d, seed = args.data, args.common.seed
+    """(training problems, held-out problems, the training order: indices into the first)."""
+    d = args.data
+    seed = args.common.seed
     train_set = load_problems(d.train_data, seed=seed, n=None)
     if d.max_prompt_tokens and not args.run.eval_only:  # the official recipe drops long prompts at load time
         n_all = len(train_set)
@@ -222,12 +294,12 @@ def load_data(args: Args, tokenizer, cfg, templates, log):
                                                                     templates=templates, meta=p.meta))
                      <= d.max_prompt_tokens]
         if len(train_set) < n_all:
-            log(f"data: dropped {n_all - len(train_set)} of {n_all} training problems whose prompt is longer than "
-                f"--max-prompt-tokens {d.max_prompt_tokens}")
+            log(f"data: dropped {n_all - len(train_set)} of {n_all} training problems whose prompt is longer "
+                f"than --max-prompt-tokens {d.max_prompt_tokens}")
         if not train_set:
             raise SystemExit(f"--train-data {d.train_data}: every prompt is longer than --max-prompt-tokens "
                              f"{d.max_prompt_tokens}")
-    eval_set = load_problems(d.eval_data, seed=seed + 10_007, n=d.eval_size)[:d.eval_size]  # a seed never trained on
+    eval_set = load_problems(d.eval_data, seed=seed + 10_007, n=d.eval_size)[:d.eval_size]  # a seed never trained
     order = np.random.default_rng(seed).permutation(len(train_set)).tolist()  # fixed data order
     if d.data_order == "stratified":  # every third of a run has the same mix of kinds
         order = problems.stratified(order, [p.meta.get("kind") or p.task for p in train_set])
@@ -239,42 +311,90 @@ def load_data(args: Args, tokenizer, cfg, templates, log):
     return train_set, eval_set, order
 
 
-def resume(args: Args, ckpt_path: str, policy, optimizer, scheduler, scaler, log) -> tuple[int, int]:
+def resume(s: Setup) -> tuple[int, int]:
     """(first step, data position): 0, 0, or the checkpoint's with --resume."""
-    if not args.run.resume:
+    if not s.args.run.resume:
         return 0, 0
-    start_step, data_pos = checkpoint.load(ckpt_path, policy, optimizer, scheduler, scaler)
-    log(f"resumed {os.path.dirname(ckpt_path)} at step {start_step}")
-    return start_step, start_step * args.grpo.prompts_per_step if data_pos is None else data_pos  # an older ckpt
+    start_step, data_pos = checkpoint.load(s.ckpt_path, s.policy, s.optimizer, s.scheduler, s.scaler)
+    s.log(f"resumed {s.out} at step {start_step}")
+    if data_pos is None:  # an older checkpoint
+        data_pos = start_step * s.args.grpo.prompts_per_step
+    return start_step, data_pos
 
 
-def baseline(args: Args, evaluate, step: int, model_path: str, templates, out: str, world: int, writer, log) -> None:
-    """The held-out evaluation before any update (with --eval-only, of the run's current point). The step-0
-    score is a function of the weights, the eval settings and the code: an earlier run's is reused (evalcache)."""
-    cache = args.data.eval_cache and not args.run.eval_only and world == 1
-    ev = evalcache.cached(args, model_path, templates, out, lambda: evaluate(step)) if cache else evaluate(step)
-    log(f"eval step {step} | " + heldout.format_eval(ev) + (f" | cached {ev['eval_cache_key']}" if ev.get("eval_cached") else ""))
+def evaluate(s: Setup, step: int) -> dict:
+    """The held-out evaluation (eval.held_out) of the policy now, its records in the run folder."""
+    return heldout.held_out(s.loop, s.eng, s.sandbox, s.tokenizer, s.eval_set, s.args, step=step,
+                            out_dir=s.out if s.master else None, rollout_cfg=s.cfg, templates=s.templates,
+                            grade=s.grade, rank=s.rank, world=s.world)
+
+
+def baseline(s: Setup, step: int, writer) -> None:
+    """The held-out evaluation before any update (with --eval-only, of the run's current point). The
+    step-0 score is a function of the weights, the eval settings and the code: an earlier run's is
+    reused (evalcache)."""
+    if s.args.data.eval_cache and not s.args.run.eval_only and s.world == 1:
+        ev = evalcache.cached(s.args, s.model_path, s.templates, s.out, lambda: evaluate(s, step))
+    else:
+        ev = evaluate(s, step)
+    cached = f" | cached {ev['eval_cache_key']}" if ev.get("eval_cached") else ""
+    s.log(f"eval step {step} | " + heldout.format_eval(ev) + cached)
     if writer is not None:
         writer(dict(ev, step=step))
 
 
 # ---------------------------------------------------------------------- the step's parts
 
-def old_logprobs(policy, ref, batch: list, mbs: int, g, **kw) -> dict:
-    """Fill batch[i].old_logp, recomputed on the final, purified tokens (as the paper's code) at the rollout's
-    temperature, for every mini-batch but the first, whose come from the update's own forward pass before the
-    policy moves (none at all when a step is one optimizer step); and ref_logp for a KL term. With --rollout-is,
-    every mini-batch's, since the correction needs them before the update: then the engine/trainer gap and the
-    correction (machinery/mismatch.py), else {}."""
-    first = mbs if g.rollout_is == "none" else 0
-    for b, lp in zip(batch[first:], grpo.compute_old_logprobs(policy, batch[first:], g, **kw) if batch[first:] else []):
-        b.old_logp = lp
-    for b, lp in zip(batch, grpo.compute_old_logprobs(ref, batch, g, **kw) if ref is not None else []):
-        b.ref_logp = lp
-    if g.rollout_is == "none":
-        return {}
-    return mismatch.measure(batch) | mismatch.correct(batch, g.rollout_is, g.rollout_is_threshold,
-                                                      g.rollout_is_threshold_lower)
+def sample_groups(s: Setup, step: int, data_pos: int, t: dict):
+    """This rank's share of a step's groups, rolled out, graded and rewarded (the paper's +1/-1,
+    with DAPO's soft penalty near the response budget). One round of prompts_per_step groups; with
+    --dynamic-sampling (DAPO) a group whose samples are all right or all wrong has zero advantage,
+    so it is dropped and further rounds refill the step. Returns (trajectories, rewards, group ids,
+    every rollout as (traj, reward, correct), the new data position, the sampling counts)."""
+    args = s.args
+    g = args.grpo
+    n = g.samples_per_prompt
+    share = g.mini_batch_prompts // s.world  # each mini-batch's prompts spread over the ranks
+    mine = [k * g.mini_batch_prompts + s.rank * share + i for k in range(g.prompts_per_step // g.mini_batch_prompts)
+            for i in range(share)]
+    saar = args.saar if args.saar.saar else None
+    t["rollout"] = t["reward"] = 0.0
+    trajs = []
+    rewards = []
+    groups = []
+    seen = []  # every rollout, dropped groups' too: (trajectory, reward, correct)
+    rounds = 0
+    dropped = 0
+    while rounds < (g.max_sample_rounds if g.dynamic_sampling else 1):
+        rounds += 1
+        here = [data_pos + k for k in mine]  # data position: one round = prompts_per_step groups
+        data_pos += g.prompts_per_step
+        problems_r = [s.train_set[s.order[k % len(s.order)]] for k in here]
+        seeds = [((args.common.seed * 1_000_003 + step) * 1_000_003 + k) * 1_000_003 + j for k in here
+                 for j in range(n)]
+        metas = [dict(problem_id=p.id, group=k, sample=j) for k, p in zip(here, problems_r) for j in range(n)]
+        trajs_r, correct_r = s.loop.run_until_complete(rollout.rollout_and_grade(
+            s.eng, s.sandbox, s.tokenizer, problems_r, s.cfg, saar, saar_p=args.saar.rollback_p, grade=s.grade,
+            n=n, seeds=seeds, metas=metas, templates=s.templates, progress=s.master, times=t))
+        rewards_r = [(1.0 if ok else -1.0) + reward.overlong_penalty(len(tr.response_ids), s.cfg.max_response_tokens,
+                                                                     g.overlong_buffer, g.overlong_penalty)
+                     for tr, ok in zip(trajs_r, correct_r)]
+        seen += zip(trajs_r, rewards_r, correct_r)
+        groups_r = [m["group"] for m in metas]
+        signal = grpo.groups_with_signal(groups_r, correct_r) if g.dynamic_sampling else set(groups_r)
+        keep = [i for i, k in enumerate(groups_r) if k in signal]
+        dropped += len(set(groups_r) - signal)
+        trajs += [trajs_r[i] for i in keep]
+        rewards += [rewards_r[i] for i in keep]
+        groups += [groups_r[i] for i in keep]
+        have = min(gather(len(trajs) // n, s.world)) if g.dynamic_sampling else len(trajs) // n  # ranks agree
+        if have >= len(mine):
+            break
+    if not g.dynamic_sampling:
+        return trajs, rewards, groups, seen, data_pos, {}
+    cut = min(have, len(mine)) * n  # DAPO keeps a full batch; extra groups of the last round are not trained on
+    sampling = dict(sample_rounds=rounds, dropped_groups=dropped)
+    return trajs[:cut], rewards[:cut], groups[:cut], seen, data_pos, sampling
 
 
 def gather(obj, world: int) -> list:
@@ -285,84 +405,77 @@ def gather(obj, world: int) -> list:
     return parts
 
 
-def sample_groups(args: Args, cfg, train_set, order, step, data_pos, rank, world, master, t, *, loop, eng, sandbox,
-                  tokenizer, templates, grade):
-    """This rank's share of a step's groups, rolled out, graded and rewarded (the paper's +1/-1, with DAPO's soft
-    penalty near the response budget). One round of prompts_per_step groups; with --dynamic-sampling (DAPO) a
-    group whose samples are all right or all wrong has zero advantage, so it is dropped and further rounds refill
-    the step. Returns (trajectories, rewards, group ids, every rollout as (traj, reward, correct), the new data
-    position, the sampling counts for the log)."""
-    g, n = args.grpo, args.grpo.samples_per_prompt
-    share = g.mini_batch_prompts // world  # each mini-batch's prompts spread over the ranks: one process's steps
-    mine = [k * g.mini_batch_prompts + rank * share + i for k in range(g.prompts_per_step // g.mini_batch_prompts)
-            for i in range(share)]
-    t["rollout"] = t["reward"] = 0.0
-    trajs, rewards, groups, seen, rounds, dropped = [], [], [], [], 0, 0
-    while rounds < (g.max_sample_rounds if g.dynamic_sampling else 1):
-        rounds += 1
-        here = [data_pos + k for k in mine]  # data position: one round = prompts_per_step groups
-        data_pos += g.prompts_per_step
-        seeds = [((args.common.seed * 1_000_003 + step) * 1_000_003 + k) * 1_000_003 + j for k in here for j in range(n)]
-        metas = [dict(problem_id=train_set[order[k % len(order)]].id, group=k, sample=j) for k in here for j in range(n)]
-        trajs_r, correct_r = loop.run_until_complete(rollout.rollout_and_grade(
-            eng, sandbox, tokenizer, [train_set[order[k % len(order)]] for k in here], cfg,
-            args.saar if g.saar else None, saar_p=g.rollback_p, grade=grade, n=n, seeds=seeds, metas=metas,
-            templates=templates, progress=master, times=t))
-        rewards_r = [(1.0 if ok else -1.0) + reward.overlong_penalty(len(tr.response_ids), cfg.max_response_tokens,
-                                                              g.overlong_buffer, g.overlong_penalty)
-                     for tr, ok in zip(trajs_r, correct_r)]
-        seen += zip(trajs_r, rewards_r, correct_r)
-        groups_r = [m["group"] for m in metas]
-        signal = grpo.groups_with_signal(groups_r, correct_r) if g.dynamic_sampling else set(groups_r)
-        keep = [i for i, k in enumerate(groups_r) if k in signal]
-        dropped += len(set(groups_r) - signal)
-        trajs, rewards, groups = trajs + [trajs_r[i] for i in keep], rewards + [rewards_r[i] for i in keep], \
-            groups + [groups_r[i] for i in keep]
-        have = min(gather(len(trajs) // n, world)) if g.dynamic_sampling else len(trajs) // n  # ranks agree
-        if have >= len(mine):
-            break
-    if g.dynamic_sampling:  # DAPO keeps a full batch; extra groups of the last round are not trained on
-        cut = min(have, len(mine)) * n
-        trajs, rewards, groups = trajs[:cut], rewards[:cut], groups[:cut]
-    sampling = dict(sample_rounds=rounds, dropped_groups=dropped) if g.dynamic_sampling else {}
-    return trajs, rewards, groups, seen, data_pos, sampling
+def old_logprobs(s: Setup, batch: list, mbs: int) -> dict:
+    """Fill batch[i].old_logp, recomputed on the final, purified tokens (as the paper's code) at the
+    rollout's temperature, for every mini-batch but the first, whose come from the update's own
+    forward pass before the policy moves (none at all when a step is one optimizer step); and
+    ref_logp for a KL term. With --rollout-is, every mini-batch's, since the correction needs them
+    before the update: then the engine/trainer gap and the correction (machinery/mismatch.py);
+    else {}."""
+    g = s.args.grpo
+    kw = dict(temperature=s.cfg.temperature, autocast_dtype=s.amp)
+    how = s.args.machinery.update
+    todo = batch[mbs if g.rollout_is == "none" else 0:]
+    for b, lp in zip(todo, grpo.compute_old_logprobs(s.policy, todo, how, **kw) if todo else []):
+        b.old_logp = lp
+    for b, lp in zip(batch, grpo.compute_old_logprobs(s.ref, batch, how, **kw) if s.ref is not None else []):
+        b.ref_logp = lp
+    if g.rollout_is == "none":
+        return {}
+    return mismatch.measure(batch) | mismatch.correct(batch, g.rollout_is, g.rollout_is_threshold,
+                                                      g.rollout_is_threshold_lower)
 
 
-def count_nonfinite(stats: dict, run: int, step: int, g, log, save, out: str) -> int:
-    """--max-nonfinite-skips: non-finite mini-batches skipped in a row, across steps; past the limit the run
-    saves a checkpoint and stops."""
+def save_nonfinite(s: Setup, step: int, at: int, data_pos: int) -> str:
+    """The weights a non-finite update did not touch, as a checkpoint of step `at`: its path."""
+    path = os.path.join(s.out, f"ckpt-nonfinite-step{step + 1}.pt")
+    checkpoint.save(path, s.policy, s.optimizer, s.scheduler, s.scaler, at, s.master, data_pos=data_pos)
+    return path
+
+
+def count_nonfinite(s: Setup, stats: dict, run: int, step: int, data_pos: int) -> int:
+    """--max-nonfinite-skips: non-finite mini-batches skipped in a row, across steps; past the limit
+    the run saves a checkpoint and stops."""
     if not stats.get("nonfinite_skipped"):
         return 0 if stats else run
     whole = stats["nonfinite_trailing"] == stats["n_mini_batches"]
     run = (run if whole else 0) + stats["nonfinite_trailing"]
-    log(f"step {step + 1}: skipped {stats['nonfinite_skipped']} non-finite mini-batch(es), {run} in a row")
-    if run > g.max_nonfinite_skips:
-        path = os.path.join(out, f"ckpt-nonfinite-step{step + 1}.pt")
-        save(path)
+    s.log(f"step {step + 1}: skipped {stats['nonfinite_skipped']} non-finite mini-batch(es), {run} in a row")
+    limit = s.args.machinery.update.max_nonfinite_skips
+    if run > limit:
+        path = save_nonfinite(s, step, step + 1, data_pos)
         raise SystemExit(f"step {step + 1}: {run} non-finite mini-batches in a row, more than "
-                         f"--max-nonfinite-skips {g.max_nonfinite_skips}; saved {path}")
+                         f"--max-nonfinite-skips {limit}; saved {path}")
     return run
 
 
-def push_weights(args: Args, eng, policy, own_copy: bool) -> None:
-    """The updated weights into the engine (its own copy: fp32, FSDP2 full tensors, LoRA merged), which flushes its
-    prefix cache, since KV from the old weights must never be reused. An engine on the policy's own weights needs
-    no copy, only the flush (the HF engine also packs the new weights again there)."""
-    g = args.grpo
-    eng.resume_memory()
-    if own_copy:
-        eng.update_weights(checkpoint.full_state(policy, g.lora_alpha / g.lora_rank if g.lora_rank else 0.0).items())
+def push_weights(s: Setup) -> None:
+    """The updated weights into the engine (its own copy: fp32, FSDP2 full tensors, LoRA merged),
+    which flushes its prefix cache, since KV from the old weights must never be reused. An engine on
+    the policy's own weights needs no copy, only the flush (the HF engine also packs the new weights
+    again there)."""
+    g = s.args.grpo
+    s.eng.resume_memory()
+    if s.own_copy:
+        s.eng.update_weights(checkpoint.full_state(s.policy, lora_scale(g)).items())
     else:
-        eng.flush_cache()
+        s.eng.flush_cache()
+
+
+def lora_scale(g: config.Grpo) -> float:
+    """alpha / rank, what merges LoRA adapters into their weights (0.0: no adapters)."""
+    return g.lora_alpha / g.lora_rank if g.lora_rank else 0.0
 
 
 # ---------------------------------------------------------------------- log
 
 def step_metrics(seen, adv_stats, stats, t, world, **extra) -> dict:
-    """The step's figures over every rollout (with dynamic sampling, dropped groups too) and every rank: losses
-    and event counts add up over ranks, maxima are maxima, the rest are rank means."""
+    """The step's figures over every rollout (with dynamic sampling, dropped groups too) and every
+    rank: losses and event counts add up over ranks, maxima are maxima, the rest are rank means."""
     trajs = [tr for tr, _, _ in seen]
-    n, calls = max(1, len(trajs)), sum(tr.num_tool_calls for tr in trajs)
+    n = max(1, len(trajs))
+    calls = sum(tr.num_tool_calls for tr in trajs)
+    first_calls = sum(tr.num_first_calls for tr in trajs)
     events = [e for tr in trajs for e in tr.saar_events]
     ev = [e["kind"] for e in events]
     m = dict(reward=sum(r for _, r, _ in seen) / n, acc=sum(ok for _, _, ok in seen) / n, tool_calls=calls / n,
@@ -371,7 +484,7 @@ def step_metrics(seen, adv_stats, stats, t, world, **extra) -> dict:
              saar_answered=ev.count("answered"), resp_len=sum(len(tr.response_ids) for tr in trajs) / n,
              truncated=sum(tr.truncated for tr in trajs) / n, zero_adv_groups=adv_stats["zero_adv_groups"],
              # the policy's own error rate: first attempts only, before SAAR re-executes anything
-             first_tool_err=sum(tr.num_first_errors for tr in trajs) / max(1, sum(tr.num_first_calls for tr in trajs)),
+             first_tool_err=sum(tr.num_first_errors for tr in trajs) / max(1, first_calls),
              saar_regen_tokens=sum(e.get("regen_tokens", 0) for e in events),
              saar_similarity=[round(e["similarity"], 4) for e in events
                               if e.get("similarity") is not None and e["similarity"] == e["similarity"]])
@@ -396,29 +509,29 @@ def format_line(m: dict) -> str:
         s += f" | fp16 overflow: {m['skipped_steps']} mini-batch(es) skipped, loss scale now {m['loss_scale']:g}"
     s += f" | first_err {m['first_tool_err']:.2f}"
     if "mismatch_kl" in m:  # the engine's sampling log-probs vs the trainer's (machinery/mismatch.py)
-        s += f" | mismatch_kl {m['mismatch_kl']:.1e}" + (f" spliced {m['mismatch_kl_spliced']:.1e}"
-                                                         if m.get("mismatch_tokens_spliced") else "")
+        spliced = f" spliced {m['mismatch_kl_spliced']:.1e}" if m.get("mismatch_tokens_spliced") else ""
+        s += f" | mismatch_kl {m['mismatch_kl']:.1e}" + spliced
     if any(k.startswith("eval_") and k.endswith("_acc") for k in m):
         s += " | eval " + heldout.format_eval(m)
     return s
 
 
-def finish(args: Args, out, start_step, policy, tokenizer, master, saving, sandbox, eng, loop, world, log, t_run) -> None:
-    """The HF export, the last checkpoint on disk, the summary lines (the held-out gain with its paired 95% CI,
-    the training reward's first and last thirds), and everything closed."""
-    r, g = args.run, args.grpo
+def finish(s: Setup, start_step: int, saving, t_run: float) -> None:
+    """The HF export, the last checkpoint on disk, the summary lines (the held-out gain with its
+    paired 95% CI, the training reward's first and last thirds), and everything closed."""
+    r = s.args.run
     if r.steps > start_step and not r.eval_only:
-        checkpoint.save_hf(os.path.join(out, "hf"), policy, tokenizer, master, g.lora_alpha / g.lora_rank if g.lora_rank else 0.0)
+        checkpoint.save_hf(os.path.join(s.out, "hf"), s.policy, s.tokenizer, s.master, lora_scale(s.args.grpo))
     if saving is not None:
         saving.result()
-    if master and args.data.eval_size:
-        for line in heldout.summary(out, r.steps):
-            log(line)
-    for closing in (sandbox.close, eng.shutdown, loop.close):
+    if s.master and s.args.data.eval_size:
+        for line in heldout.summary(s.out, r.steps):
+            s.log(line)
+    for closing in (s.sandbox.close, s.eng.shutdown, s.loop.close):
         closing()
-    if world > 1:
+    if s.world > 1:
         dist.destroy_process_group()
-    log(f"done: {out} in {time.perf_counter() - t_run:.0f} s")
+    s.log(f"done: {s.out} in {time.perf_counter() - t_run:.0f} s")
 
 
 if __name__ == "__main__":

@@ -151,12 +151,12 @@ def step(policy, opt, sched, eng, g, *, batch: int, prompt_len: int, gen_len: in
     trajs = [grpo.TrainSeq(input_ids=p + o.token_ids, loss_mask=[0] * len(p) + [1] * len(o.token_ids),
                            advantage=float(torch.randn((), generator=g)), rollout_logp=[0.0] * len(p) + o.logprobs)
              for p, o in zip(prompts, outs)]
-    cfg = config.Grpo(max_tokens_per_micro=micro, gradient_checkpointing=grad_ckpt)
-    old, t_old = timed(lambda: grpo.compute_old_logprobs(policy, trajs, cfg, temperature=1.0), device)
+    cfg, how = config.Grpo(), config.Update(max_tokens_per_micro=micro, gradient_checkpointing=grad_ckpt)
+    old, t_old = timed(lambda: grpo.compute_old_logprobs(policy, trajs, how, temperature=1.0), device)
     for t, lp in zip(trajs, old):
         t.old_logp = lp
-    st, t_upd = timed(lambda: grpo.update(policy, opt, sched, trajs, cfg, mini_batch_size=len(trajs), max_len=gen_len,
-                                          temperature=1.0, scaler=precision.LossScaler()), device)
+    st, t_upd = timed(lambda: grpo.update(policy, opt, sched, trajs, cfg, how, mini_batch_size=len(trajs),
+                                          max_len=gen_len, temperature=1.0, scaler=precision.LossScaler()), device)
     if not math.isfinite(st["loss"]):
         raise SystemExit(f"bench/gpu.py: the update's loss is {st['loss']}")
     _, t_sync = timed(lambda: eng.update_weights(policy.named_parameters()) if push else None, device)

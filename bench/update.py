@@ -82,12 +82,12 @@ def run_mode(args) -> dict:
     if args.mode == "lora":  # adapters on every layer: the frozen weights get input gradients, no weight gradients
         grpo.add_lora(model, args.lora_rank, 2.0 * args.lora_rank)
     opt, sched = grpo.make_optimizer(model, lr=1e-5, warmup_steps=1)
-    cfg = config.Grpo(max_tokens_per_micro=args.max_tokens, share_prompts=args.mode == "shared")
+    cfg, how = config.Grpo(), config.Update(max_tokens_per_micro=args.max_tokens, share_prompts=args.mode == "shared")
     kw = dict(max_len=args.max_len, temperature=1.0, scaler=precision.LossScaler())
-    grpo.update(model, opt, sched, warm, cfg, mini_batch_size=2, **kw)
+    grpo.update(model, opt, sched, warm, cfg, how, mini_batch_size=2, **kw)
     base = rss_mb()
     t0 = time.perf_counter()
-    st = grpo.update(model, opt, sched, batch, cfg, mini_batch_size=args.mini_batch, **kw)
+    st = grpo.update(model, opt, sched, batch, cfg, how, mini_batch_size=args.mini_batch, **kw)
     dt = time.perf_counter() - t0
     return {"mode": args.mode, "tokens": st["tokens"], "seconds": dt, "tok_s": st["tokens"] / dt,
             "micro_batches": st["n_micro_batches"],

@@ -53,7 +53,7 @@ class LossScaler:
 
 
 def loss_scaler(cfg) -> LossScaler:
-    """The scaler of a config.Grpo (duck-typed: update_dtype, loss_scale, loss_scale_growth). Only a float16
+    """The scaler of a config.Update (duck-typed: update_dtype, loss_scale, loss_scale_growth). Only a float16
     backward is scaled by default (1024, dynamic); --loss-scale sets the start, for any dtype."""
     fp16 = cfg.update_dtype == "float16"  # the backward's dtype: what a loss scale protects
     return LossScaler(scale=cfg.loss_scale or (1024.0 if fp16 else 1.0),

@@ -253,7 +253,7 @@ def fake_generate(args, problems):
         for i in range(ev.BENCHMARKS[p.meta["benchmark"]].n(args.bench)):
             text = rf"Thinking... \boxed{{0{p.answer}}}" if i == 0 else r"I give up: \boxed{0}"
             records.append({"benchmark": p.meta["benchmark"], "problem_id": p.id, "sample_idx": i, "response": text,
-                            "num_tool_calls": j % 2, "num_tool_errors": j % 2, "saar": args.bench.saar == "on",
+                            "num_tool_calls": j % 2, "num_tool_errors": j % 2, "saar": args.saar.saar == "on",
                             "meta": {"finish_reason": "stop"}})
     return ev.grade_records(records, {(p.meta["benchmark"], p.id): p for p in problems}, args.bench)
 
@@ -334,7 +334,7 @@ def test_the_eval_scripts_flags_parse_to_the_papers_settings():
         a = config.cli(config.Eval, "", script_flags(path))
         assert (a.bench.n, a.bench.lcb_n) == ((32 if "7b" in name else 16), 10), name
         r = a.rollout
-        assert (r.temperature, r.top_p, r.max_turns, r.max_response_tokens, a.bench.saar) == (1.0, 0.6, 16, 20480, "paper")
+        assert (r.temperature, r.top_p, r.max_turns, r.max_response_tokens, a.saar.saar) == (1.0, 0.6, 16, 20480, "paper")
         assert a.bench.tools == ("notool" not in name) and r.tool_format == "auto"
         # --faithful: every official choice eval.py has
         assert r.tool_echo and r.tool_header and r.repair_json and not r.tool_cap_ends and not r.last_turn_calls
@@ -419,9 +419,9 @@ def test_a_benchmark_is_one_registry_entry(monkeypatch, tmp_path, capsys):
     SAAR setting, grading and the tables all follow it; nothing else names benchmarks."""
     prob = Problem(id="t1", problem="What is 1 + 1?", answer="2", task="math", tests=None, meta={"benchmark": "toy"})
     monkeypatch.setitem(ev.BENCHMARKS, "toy", ev.Benchmark("math", lambda b: [prob], lambda b: 3, False))
-    b = config.Bench(benchmarks="toy", saar="paper")
+    b = config.Bench(benchmarks="toy")
     assert ev.parse_benchmarks("toy") == ["toy"] and ev.BENCHMARKS["toy"].load(b) == [prob]
-    assert ev.BENCHMARKS["toy"].n(b) == 3 and ev.saar_settings(b, "toy") == [False]
+    assert ev.BENCHMARKS["toy"].n(b) == 3 and ev.saar_settings(config.EvalSaar(saar="paper"), "toy") == [False]
     path = tmp_path / "toy.jsonl"
     recs = [dict(benchmark="toy", problem_id="t1", sample_idx=i, response=r, gold="2", num_tool_calls=0,
                  num_tool_errors=0, saar=False) for i, r in enumerate(["\\boxed{2}", "\\boxed{3}", "\\boxed{2}"])]

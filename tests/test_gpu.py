@@ -113,7 +113,7 @@ def test_fsdp2_one_gpu_update_matches_plain_module(model_name, nccl_group):
     import grpo
     from data import models
     from machinery import precision
-    cfg = config.Grpo(max_tokens_per_micro=64)  # the defaults but for 64-token micro-batches
+    cfg, how = config.Grpo(), config.Update(max_tokens_per_micro=64)  # the defaults but for 64-token micro-batches
     plain = models.load_model(model_name, dtype=torch.float32).cuda()
     sharded = shard(copy.deepcopy(plain))
     assert all(isinstance(p, DTensor) for p in sharded.parameters()), "fully_shard left plain tensors"
@@ -125,8 +125,8 @@ def test_fsdp2_one_gpu_update_matches_plain_module(model_name, nccl_group):
     batch = hand_batch(plain.config.vocab_size)
 
     # the sharded forward (all-gathers inside) gives the plain module's log-probs
-    old_plain = grpo.compute_old_logprobs(plain, batch, cfg, temperature=1.0)
-    old_fsdp = grpo.compute_old_logprobs(sharded, batch, cfg, temperature=1.0)
+    old_plain = grpo.compute_old_logprobs(plain, batch, how, temperature=1.0)
+    old_fsdp = grpo.compute_old_logprobs(sharded, batch, how, temperature=1.0)
     for a, b in zip(old_plain, old_fsdp):
         torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
     for t, lp in zip(batch, old_fsdp):
@@ -136,7 +136,7 @@ def test_fsdp2_one_gpu_update_matches_plain_module(model_name, nccl_group):
     for key, m in (("plain", plain), ("fsdp", sharded)):
         opt, sched = opts[key]
         # 64-token micro-batches: the four trajectories take several, so gradients accumulate
-        stats[key] = grpo.update(m, opt, sched, batch, cfg, mini_batch_size=4, max_len=64, temperature=1.0,
+        stats[key] = grpo.update(m, opt, sched, batch, cfg, how, mini_batch_size=4, max_len=64, temperature=1.0,
                                  scaler=precision.LossScaler())
     sp, sf = stats["plain"], stats["fsdp"]
     assert sf["n_micro_batches"] > 1
@@ -167,7 +167,7 @@ def test_fsdp2_bf16_mixed_precision_update(model_name, nccl_group):
     import grpo
     from data import models
     from machinery import precision
-    cfg = config.Grpo(max_tokens_per_micro=64)  # the defaults but for 64-token micro-batches
+    cfg, how = config.Grpo(), config.Update(max_tokens_per_micro=64)  # the defaults but for 64-token micro-batches
     plain = models.load_model(model_name, dtype=torch.float32).cuda()
     mixed = shard(copy.deepcopy(plain), mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16,
                                                                        reduce_dtype=torch.float32))
@@ -175,13 +175,13 @@ def test_fsdp2_bf16_mixed_precision_update(model_name, nccl_group):
     opts = {"plain": grpo.make_optimizer(plain, lr=1e-3, warmup_steps=1),
             "mixed": grpo.make_optimizer(mixed, lr=1e-3, warmup_steps=1)}
     batch = hand_batch(plain.config.vocab_size)
-    old = grpo.compute_old_logprobs(plain, batch, cfg, temperature=1.0)
-    for a, b in zip(old, grpo.compute_old_logprobs(mixed, batch, cfg, temperature=1.0)):
+    old = grpo.compute_old_logprobs(plain, batch, how, temperature=1.0)
+    for a, b in zip(old, grpo.compute_old_logprobs(mixed, batch, how, temperature=1.0)):
         assert b.dtype == torch.float32
         torch.testing.assert_close(b, a, atol=0.02, rtol=0)  # bf16 compute, fp32 log-softmax
     for t, lp in zip(batch, old):
         t.old_logp = lp
-    stats = {key: grpo.update(m, *opts[key], batch, cfg, mini_batch_size=4, max_len=64, temperature=1.0,
+    stats = {key: grpo.update(m, *opts[key], batch, cfg, how, mini_batch_size=4, max_len=64, temperature=1.0,
                               scaler=precision.LossScaler()) for key, m in (("plain", plain), ("mixed", mixed))}
     assert math.isfinite(stats["mixed"]["loss"]) and stats["mixed"]["grad_norm"] > 0
     assert abs(stats["mixed"]["loss"] - stats["plain"]["loss"]) < 0.005

@@ -4,6 +4,7 @@ loss scaling, learning), and 2-rank FSDP2 equivalence.
 
 The models are tiny random Hugging Face configs built here (the one thing tests may fake).
 """
+import dataclasses
 import json
 import math
 import os
@@ -58,16 +59,23 @@ def make_batch(lengths, seed=0, prompt=3, adv=None):
     return out
 
 
+def sections(**settings) -> tuple[config.Grpo, config.Update]:
+    """config.Grpo and config.Update with their defaults but for `settings` (fields of either)."""
+    how = {f.name for f in dataclasses.fields(config.Update)}
+    return (config.Grpo(**{k: v for k, v in settings.items() if k not in how}),
+            config.Update(**{k: v for k, v in settings.items() if k in how}))
+
+
 def update(model, opt, sched, batch, *, mini_batch_size, scaler=None, autocast_dtype=None, **settings):
-    """grpo.update with config.Grpo's defaults but for `settings` (its fields), max_len 64, temperature 1."""
-    return grpo.update(model, opt, sched, batch, config.Grpo(**settings), mini_batch_size=mini_batch_size,
+    """grpo.update with the defaults but for `settings` (sections), max_len 64, temperature 1."""
+    return grpo.update(model, opt, sched, batch, *sections(**settings), mini_batch_size=mini_batch_size,
                        max_len=64, temperature=1.0, scaler=precision.LossScaler() if scaler is None else scaler,
                        autocast_dtype=autocast_dtype)
 
 
 def old_logprobs(model, batch, **settings):
-    """grpo.compute_old_logprobs with config.Grpo's defaults but for `settings`, temperature 1."""
-    return grpo.compute_old_logprobs(model, batch, config.Grpo(**settings), temperature=1.0)
+    """grpo.compute_old_logprobs with config.Update's defaults but for `settings`, temperature 1."""
+    return grpo.compute_old_logprobs(model, batch, config.Update(**settings), temperature=1.0)
 
 
 # ----------------------------------------------------------------------------- advantages
@@ -535,14 +543,14 @@ def test_nonfinite_loss_raises_before_weights_change():
 
 
 def test_loss_scaler_from_the_config_scales_only_a_float16_backward_by_default():
-    s = precision.loss_scaler(config.Grpo(update_dtype="float16"))
+    s = precision.loss_scaler(config.Update(update_dtype="float16"))
     assert (s.scale, s.growth_interval) == (1024.0, 200) and s.can_skip()  # dynamic
     for dtype in ("float32", "bfloat16"):
-        s = precision.loss_scaler(config.Grpo(update_dtype=dtype))
+        s = precision.loss_scaler(config.Update(update_dtype=dtype))
         assert (s.scale, s.growth_interval) == (1.0, 0) and not s.can_skip()
-    s = precision.loss_scaler(config.Grpo(update_dtype="bfloat16", loss_scale=8.0))
+    s = precision.loss_scaler(config.Update(update_dtype="bfloat16", loss_scale=8.0))
     assert (s.scale, s.growth_interval) == (8.0, 0)  # --loss-scale by hand: static outside float16
-    s = precision.loss_scaler(config.Grpo(update_dtype="float16", loss_scale=64.0, loss_scale_growth=0))
+    s = precision.loss_scaler(config.Update(update_dtype="float16", loss_scale=64.0, loss_scale_growth=0))
     assert (s.scale, s.growth_interval) == (64.0, 0) and not s.can_skip()
 
 

@@ -50,7 +50,8 @@ GROUP = 8                     # samples per prompt (a GRPO group)
 STEPS = 10
 LR = 1e-2
 EVAL_PER_PROMPT = 64          # 4 x 64 = 256 evaluation samples, the same seeds every time
-CFG = config.Grpo()           # the update's settings: the defaults (token-mean, 4096-token micro-batches)
+CFG = config.Grpo()           # the update's settings: the defaults (token-mean)
+HOW = config.Update()         # and how it runs: the defaults (4096-token micro-batches)
 
 
 def _reward(token_ids) -> float:
@@ -101,11 +102,11 @@ def _train(base, tok, prompts, *, sign: float, seed: int = 0):
             adv = adv * sign
             batch = [grpo.TrainSeq(input_ids=p + o.token_ids, loss_mask=[0] * len(p) + [1] * len(o.token_ids),
                                      advantage=a) for p, o, a in zip(ps, outs, adv.tolist())]
-            for b, o, lp in zip(batch, outs, grpo.compute_old_logprobs(model, batch, CFG, temperature=1.0)):
+            for b, o, lp in zip(batch, outs, grpo.compute_old_logprobs(model, batch, HOW, temperature=1.0)):
                 b.old_logp = lp
                 # the engine sampled from exactly the policy being trained (no stale KV, no stale weights)
                 assert torch.allclose(lp[-RESP_LEN:], torch.tensor(o.logprobs), atol=1e-3), step
-            st = grpo.update(model, opt, sched, batch, CFG, mini_batch_size=len(batch), max_len=RESP_LEN,
+            st = grpo.update(model, opt, sched, batch, CFG, HOW, mini_batch_size=len(batch), max_len=RESP_LEN,
                              temperature=1.0, scaler=precision.LossScaler())
             assert st["n_mini_batches"] == 1 and st["loss_tokens"] == len(batch) * RESP_LEN
             eng.flush_cache()  # the prompts' cached KV was computed by the old weights
@@ -225,7 +226,7 @@ def test_tool_tokens_get_no_gradient_and_saar_splice_does():
     for b, t, at in zip(batch, trajs, spliced_at):  # the spliced tokens are marked, as the monitor reads them
         assert [i - len(t.prompt_ids) for i, s in enumerate(b.spliced) if s] == list(at)
     model = load_model("tiny-qwen3")  # random weights, built once from a fixed seed
-    for b, lp in zip(batch, grpo.compute_old_logprobs(model, batch, CFG, temperature=1.0)):
+    for b, lp in zip(batch, grpo.compute_old_logprobs(model, batch, HOW, temperature=1.0)):
         b.old_logp = lp
 
     # d loss / d logp_t at EVERY position: the log-probs are computed for all tokens (no mask), then the
@@ -252,7 +253,7 @@ def test_tool_tokens_get_no_gradient_and_saar_splice_does():
     # one real update on this batch: the same loss, and the weights move
     before = {n: q.detach().clone() for n, q in model.named_parameters()}
     opt, sched = grpo.make_optimizer(model, lr=1e-3, warmup_steps=1)
-    st = grpo.update(model, opt, sched, batch, CFG, mini_batch_size=2, max_len=4096, temperature=1.0,
+    st = grpo.update(model, opt, sched, batch, CFG, HOW, mini_batch_size=2, max_len=4096, temperature=1.0,
                      scaler=precision.LossScaler())
     assert st["loss"] == pytest.approx(loss.item(), rel=1e-4, abs=1e-6)
     assert st["loss_tokens"] == sum(sum(b.loss_mask) for b in batch)

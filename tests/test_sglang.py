@@ -321,7 +321,7 @@ def test_a_skipped_weight_push_trips_the_mismatch_monitor(tmp_path):
     engine's shutdown kills every child of its process.)"""
     import config
     code = ("import sys, config, train; "
-            "train.push_weights = lambda args, eng, policy, own_copy: eng.flush_cache(); "
+            "train.push_weights = lambda s: s.eng.flush_cache(); "
             "train.main(config.cli(train.Args, '', sys.argv[1:]))")
     r = subprocess.run([sys.executable, "-c", code, *TRAIN, "--steps", "2", "--weight-decay", "300", "--out-dir",
                         str(tmp_path), "--run-name", "stale"], cwd=ROOT, capture_output=True, text=True, timeout=900)

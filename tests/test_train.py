@@ -97,14 +97,14 @@ def poison_updates(monkeypatch, bad) -> list:
     import grpo
     real, calls = grpo.update, []
 
-    def poisoned(model, optimizer, scheduler, batch, cfg, **kw):
+    def poisoned(model, optimizer, scheduler, batch, cfg, how, **kw):
         calls.append(len(batch))
         if bad(len(calls)):
             for t in batch[::kw["mini_batch_size"]]:
                 vals = list(t.old_logp) if t.old_logp is not None else [0.0] * len(t.input_ids)
                 vals[t.loss_mask.index(1)] = float("nan")
                 t.old_logp = vals
-        return real(model, optimizer, scheduler, batch, cfg, **kw)
+        return real(model, optimizer, scheduler, batch, cfg, how, **kw)
 
     monkeypatch.setattr(grpo, "update", poisoned)
     return calls
@@ -142,12 +142,19 @@ def test_every_entry_script_prints_its_help(script):
 
 
 def test_every_setting_is_declared_once():
-    """No flag name is declared in two sections of config.py (so no two entry scripts declare one setting)."""
+    """No flag name is declared in two sections of config.py (so no two entry scripts declare one setting), and
+    train.py's sections come in order: the algorithm's, the run's, then the machinery's (one heading in --help),
+    SAAR's switches all in its SAAR section."""
     import dataclasses
-    names = [f.name for cls in (config.Common, config.Run, config.Data, config.Rollout, config.Saar, config.Grpo,
-                                config.Engine, config.Sandbox, config.Bench) for f in dataclasses.fields(cls)]
-    dup = sorted({n for n in names if names.count(n) > 1} - {"saar"})  # Grpo.saar (on/off) vs Bench.saar (eval mode)
+    fields = lambda cls: [f.name for f in dataclasses.fields(cls)]  # noqa: E731
+    names = [n for cls in (config.Common, config.Run, config.Data, config.Rollout, config.TrainSaar, config.Grpo,
+                           config.Update, config.Engine, config.Sandbox, config.Bench) for n in fields(cls)]
+    dup = sorted({n for n in names if names.count(n) > 1})
     assert not dup, dup
+    assert set(fields(config.EvalSaar)) - set(fields(config.Saar)) == {"saar"}  # eval.py's --saar paper|on|off|both
+    assert set(fields(config.TrainSaar)) - set(fields(config.Saar)) == {"saar", "rollback_p", "eval_saar"}
+    train = [type(s).__name__ for s in config.sections(config.Train())]
+    assert train == ["Common", "Rollout", "TrainSaar", "Grpo", "Data", "Run", "Engine", "Sandbox", "Update"]
 
 
 def test_bad_choices_get_tyros_error(capsys):
