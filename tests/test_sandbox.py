@@ -384,7 +384,8 @@ def test_answers_graders_and_runs_are_hidden_from_the_code(tmp_path, contained, 
     namespace of its own (root), the checkout (reward.py, tests, run folders), the problem sets beside it (an
     answer of aime24.jsonl), the caches and the caller's folders are empty to the code, while the interpreter
     and its libraries (a venv inside the checkout too) still work. Nothing the code holds names the checkout:
-    its argv, sys.path, environment, mapped libraries, nor a listing of the folder that holds the checkout."""
+    its argv, sys.path, environment, mapped libraries, nor a listing of the folder that holds the checkout
+    (which is itself hidden when it is a top-level folder such as CI's /check)."""
     run_dir = tmp_path / "out"
     (run_dir / "rollouts").mkdir(parents=True)
     (run_dir / "rollouts" / "step_1.jsonl").write_text('{"answer": "42"}')
@@ -403,7 +404,7 @@ def test_answers_graders_and_runs_are_hidden_from_the_code(tmp_path, contained, 
                 "held = [*sys.argv, *sys.path, sys.prefix, sys.executable, os.getcwd(), *os.environ.values(),\n"
                 "        numpy.__file__, open('/proc/self/maps').read(), open('/proc/self/cmdline').read()]\n"
                 f"print('named:', [h for h in held if {str(repo)!r} in h][:1],\n"
-                f"      {repo.name!r} in os.listdir({str(repo.parent)!r}))")
+                f"      os.path.isdir({str(repo.parent)!r}) and {repo.name!r} in os.listdir({str(repo.parent)!r}))")
         r = sb.run(code)
     assert r.ok, tool_text(r)
     lines = tool_text(r).splitlines()
