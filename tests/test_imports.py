@@ -8,7 +8,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("data", "machinery")
 # import no project module: the standard library and third-party packages only
-LEAVES = ("saar", "sandbox", "config", "machinery.packing", "machinery.precision", "machinery.mismatch")
+LEAVES = ("saar", "sandbox", "config", "machinery.packing", "machinery.precision", "machinery.mismatch",
+          "machinery.lcb")
 
 
 def project_modules() -> dict[str, Path]:
