@@ -52,7 +52,7 @@ def parse_benchmarks(spec: str) -> list[str]:
 
 @dataclass(frozen=True)
 class Benchmark:
-    task: str            # the grader (reward.grade): math, gpqa or code
+    task: str            # the grader (reward.judge): math, gpqa or code
     load: Callable       # (config.Bench) -> list[Problem]
     n: Callable          # (config.Bench) -> samples per problem
     paper_saar: bool     # test-time SAAR in the official eval scripts (--saar paper)
@@ -145,19 +145,15 @@ def generate(args: config.Eval, problems: list[Problem]) -> list[dict]:
 
 def grade_record(rec: dict, problem: Problem | None, sandbox=None, code_timeout_s: float = 6.0,
                  lcb_grader: str = "strict") -> dict:
-    """Fill in pred, gold and correct of one record (in place; also returned)."""
+    """Fill in pred (what the grader read: for code, the code it ran), gold and correct of one record (in
+    place; also returned), by reward.judge, as training grades."""
     task = BENCHMARKS[rec["benchmark"]].task
-    if task == "math":
-        rec["pred"] = reward.extract_boxed(rec["response"])
-        rec["correct"] = rec["pred"] is not None and reward.math_equal(rec["pred"], str(rec["gold"]))
-    elif task == "gpqa":
-        rec["pred"] = reward.extract_choice(rec["response"])
-        rec["correct"] = reward.grade_gpqa(rec["response"], rec["gold"])
-    else:
+    if task == "code":
         rec["gold"] = None
-        rec["pred"] = reward.graded_code(rec["response"], problem.tests, lcb_grader)  # the code the grader runs
-        rec["correct"] = reward.grade_code(rec["response"], problem.tests, sandbox=sandbox, per_test_s=code_timeout_s,
-                                           lcb_grader=lcb_grader)
+    judged = reward.judge(task, rec["response"], answer=rec["gold"], tests=problem.tests if problem else None,
+                          sandbox=sandbox, lcb_grader=lcb_grader, per_test_s=code_timeout_s)
+    rec["pred"] = judged.pred
+    rec["correct"] = judged.correct
     return rec
 
 
@@ -205,10 +201,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 def _vote_key(benchmark: str, pred: str) -> str:
     """Equivalent answers vote together: "033" and "33" are one vote, as are "0.5" and "\\frac12"."""
-    if BENCHMARKS[benchmark].task == "math":
-        v = reward._as_number(pred)
-        return str(v) if v is not None else reward._squash(pred)
-    return pred
+    return reward.answer_key(pred) if BENCHMARKS[benchmark].task == "math" else pred
 
 
 def maj_at_n(benchmark: str, samples: list[dict]) -> bool:

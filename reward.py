@@ -1,7 +1,8 @@
 """Graders shared by the training reward (train.py) and the benchmarks (eval.py).
 
 Paper: CLEANER trains with a binary outcome reward (+1 correct, -1 wrong) on math and code problems
-and reports AIME24/25, GPQA-Diamond and LiveCodeBench-v6 accuracy. This module decides "correct":
+and reports AIME24/25, GPQA-Diamond and LiveCodeBench-v6 accuracy. This module decides "correct", and
+`judge` is the one dispatch by task that the training reward (`grade`) and eval.py both use:
 
 - math: the LAST balanced `\\boxed{...}` (or `\\fbox{...}`) of the response, compared with the gold
   answer by math-verify, `verify(parse("$gold$"), parse("$pred$"))`, gold first. Exact/numeric
@@ -9,65 +10,32 @@ and reports AIME24/25, GPQA-Diamond and LiveCodeBench-v6 accuracy. This module d
   Departures from the official code (verl's `math_dapo`, a string normaliser): math-verify decides
   symbolic equality, and it runs in a persistent worker process with a per-comparison timeout, because
   its own timeouts use signal.alarm, which breaks in threads. A timed-out comparison counts as wrong.
+  `--math-grader strict-box` is the official training reward instead (grade_math_strict_box).
 - gpqa: the letter in the last `\\boxed{}` (`\\text{}` stripped), else the last `Answer: X` line.
-- code: the final fenced python block, run in the sandbox (sandbox.py) against every test; a problem
-  passes only if all tests pass. Three test shapes (data/problems.py documents them):
-    {"functional": src}            LeetCode-style `check(candidate)` asserts (leetcode_train).
-    [{"input", "output"}, ...]     stdin/stdout pairs (codeforces, LiveCodeBench stdin problems),
-                                   compared as LiveCodeBench does: stripped lines, then tokens as Decimal.
-    {"call": name, "cases": [...]} LiveCodeBench functional problems: `Solution().<name>(*args)` with
-                                   JSON args (one per input line); the result is compared JSON-decoded,
-                                   tuples as lists.
-  LiveCodeBench-shaped tests (the last two) have two graders, `lcb_grader`:
-    strict (default, ours): each test in a fresh process (a crash or hang in one cannot touch the next),
-      the program run as a script on real stdin, 6 s a test and min((6+1)*tests+5, 300) s in all.
-    official: LiveCodeBench's own harness (lcb_runner/evaluation/testing_util.py run_test, as vendored in
-      Open-CLEANER), rebuilt in run_lcb_official: its code extraction, a stdin program wrapped in a
-      function, stdin as text, all tests in one process with one Solution instance, its exit rules and
-      its comparisons. The notes above _LCB_OFFICIAL_HARNESS list each rule and the departures. The two
-      differ both ways: e.g. a correct output followed by sys.exit(1) fails strict and passes official;
-      a program that reads sys.stdin.buffer, ends with quit() or os._exit(0), shares top-level names
-      through `global`, or returns a numpy array or tuples inside a list passes strict and fails official.
-  LeetCode checks: every `assert` of check(candidate) is turned into a call case with `ast`
-  (functional_cases): `candidate(...) == literal`, `is_same_list(candidate(...), list_node([...]))`,
-  `is_same_tree(..., tree_node([...]))`, `candidate(...) is None`, `abs(candidate(...) - x) < tol`,
-  `math.isclose(...)`, `assert candidate(...)` / `assert not candidate(...)`. All 1,889 checks of
-  leetcode_train convert. A check with any other statement is never run: grade_code raises
-  UnsupportedCheck (a ValueError naming the line) before grading, so a data set with such rows fails
-  loudly instead of being trusted; functional_cases lets a loader screen rows ahead.
-
-Reward hacking: the verdict is made here, outside the sandbox. The child (the candidate and a small
-harness in one process) gets only the call arguments or test inputs, never an expected value; it sends
-back each test's result as a value (JSON with type tags) or its captured stdout, and this process
-compares. So nothing the candidate can read (its own constants, its callers' frames, its stdin) says what
-would pass, and exiting early or printing a fake record gains nothing. Results travel as plain values:
-a subclass that overrides `==` (an object that equals everything) arrives opaque and equals nothing.
-ListNode/TreeNode results travel as their values (LeetCode's level order for trees). The sandbox is what
-protects the machine; with bwrap it also hides this checkout, the problem sets beside it and the folders a
-caller passes as `hide=` (eval.py passes its benchmark files'), and without bwrap graded code can read
-any file the user can, answers included (sandbox.py).
+- code: the final fenced python block (with `--lcb-grader official`, on LiveCodeBench-shaped tests,
+  LiveCodeBench's own extraction), run in the sandbox against every test; a problem passes only if all
+  of them pass. The test shapes, the two LiveCodeBench graders, the LeetCode checks, and why nothing the
+  candidate does can fake a verdict: machinery/lcb.py, behind one call (`lcb.passes`).
 """
 
 from __future__ import annotations
 
-import ast
 import atexit
-import functools
 import json
-import math
 import os
 import queue
 import re
-import secrets
 import select
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 from pathlib import Path
+from typing import NamedTuple, get_args
+
+import config
+from machinery import lcb
 
 REPO_ROOT = Path(__file__).resolve().parent
 
@@ -156,6 +124,13 @@ def _as_number(s: str) -> Fraction | None:
 
 def _squash(s: str) -> str:
     return re.sub(r"\s+", "", s).replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").strip("$")
+
+
+def answer_key(pred: str) -> str:
+    """One key for equivalent plain answers, so that they vote together (eval.py's maj@n): "033" and "33"
+    share one, as do "0.5" and "\\frac12"."""
+    v = _as_number(pred)
+    return str(v) if v is not None else _squash(pred)
 
 
 class _MathVerifyWorker:
@@ -310,7 +285,7 @@ def grade_math_strict_box(response: str, gold: str) -> bool:
     return content is not None and content == str(gold)
 
 
-MATH_GRADERS = ("math-verify", "strict-box")
+MATH_GRADERS = get_args(config.MathGrader)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -368,90 +343,6 @@ def extract_code(text: str) -> str | None:
     return None
 
 
-# What LeetCode-style graders put in front of a solution (LeetCodeDataset / rllm do the same), so a
-# solution may use List, deque, inf, ... without importing them.
-_IMPORTS = """\
-from typing import *
-from functools import *
-from collections import *
-from itertools import *
-from heapq import *
-from bisect import *
-from string import *
-from operator import *
-from math import *
-import math, datetime, collections, heapq, bisect, itertools, functools, string, re, sys, random
-inf = float('inf')
-sys.setrecursionlimit(100000)
-"""
-
-_NODE_HELPERS = """\
-def list_node(values):
-    head = cur = _LN()
-    for v in values:
-        cur.next = _LN(v)
-        cur = cur.next
-    return head.next
-
-def tree_node(values):  # LeetCode's level order, None for a missing child
-    if not values or values[0] is None:
-        return None
-    level, i = [_TN(values[0])], 1
-    for node in level:  # grows while we walk it
-        for side in ("left", "right"):
-            if i < len(values) and values[i] is not None:
-                child = _TN(values[i])
-                setattr(node, side, child)
-                level.append(child)
-            i += 1
-        if i >= len(values):
-            break
-    return level[0]
-
-def is_same_list(a, b):
-    while a is not None and b is not None:
-        if a.val != b.val:
-            return False
-        a, b = a.next, b.next
-    return a is None and b is None
-
-def is_same_tree(a, b):
-    stack = [(a, b)]
-    while stack:
-        x, y = stack.pop()
-        if x is None or y is None:
-            if x is not y:
-                return False
-            continue
-        if x.val != y.val:
-            return False
-        stack += [(x.left, y.left), (x.right, y.right)]
-    return True
-"""
-
-# LiveCodeBench's harness puts these star-imports (this order: builtins last restores pow, open, ...)
-# in front of every solution; scoring must match, so we do the same.
-_LCB_MODULES = ("string re datetime collections heapq bisect copy math random statistics itertools "
-                "functools operator io sys json builtins typing").split()
-_LCB_IMPORTS = "".join(f"from {m} import *\n" for m in _LCB_MODULES) + \
-    "".join(f"import {m}\n" for m in _LCB_MODULES if m not in ("builtins", "typing")) + \
-    "sys.setrecursionlimit(50000)\n"
-
-LEETCODE_PRELUDE = _IMPORTS + """
-class ListNode:
-    def __init__(self, val=0, next=None):
-        self.val = val
-        self.next = next
-
-class TreeNode:
-    def __init__(self, val=0, left=None, right=None):
-        self.val = val
-        self.left = left
-        self.right = right
-
-_LN, _TN = ListNode, TreeNode
-""" + _NODE_HELPERS
-
 def _get_sandbox(sandbox):
     """The caller's sandbox, else one shared default (created on first use)."""
     global _DEFAULT_SANDBOX
@@ -467,892 +358,28 @@ def _get_sandbox(sandbox):
 _DEFAULT_SANDBOX = None
 
 
-# ---------------------------------------------------------------------------------------------------
-# Values across the sandbox wall. The candidate runs in the child; the verdict is made here, in the
-# parent, on the values the child sends back. The child never holds an expected value, so nothing it
-# can read (its own code objects, its callers' frames, its stdin) tells it what would pass.
-# ---------------------------------------------------------------------------------------------------
-
-# Shared by the parent (exec'd below) and the child (pasted into its program: the child cannot import
-# this module, bwrap hides the checkout). _w_enc writes a value as JSON with one-key type tags, so a
-# tuple stays a tuple, dict keys keep their types and huge ints survive; _w_dec reads it back and hands
-# the tags it does not know to `special`. Subclasses of plain types that keep their base's `==` travel
-# as the base, read through the base's own methods (an overridden __iter__ cannot lie about the value);
-# anything else is opaque ({"x": type name}) and equals nothing here. numpy scalars travel as their
-# Python values, as they compare with them.
-_WIRE_SRC = r'''
-import collections as _w_col, json as _w_json, os as _w_os, sys as _w_sys
-
-_W_SCALARS = ((int, int.__int__), (float, float.__float__), (str, str.__str__))
-_W_SEQS = ((list, None), (tuple, "t"), (set, "s"), (frozenset, "f"), (_w_col.deque, "q"))
-
-
-def _w_enc(x, depth=0):
-    if depth > 10000:
-        raise ValueError("a value nested too deep to grade")
-    t, d = type(x), depth + 1
-    if x is None or t is bool or t is str or t is float:
-        return x
-    if t is int:
-        return x if x.bit_length() < 10000 else {"h": hex(x)}  # decimal strings of huge ints are capped
-    if t is list:
-        return [_w_enc(v, d) for v in x]
-    np = _w_sys.modules.get("numpy")
-    if np is not None and isinstance(x, np.generic):
-        v = x.item()
-        return {"x": t.__name__} if isinstance(v, np.generic) else _w_enc(v, d)
-    if np is not None and isinstance(x, np.ndarray):  # `==` gives an array, whose truth is its one element
-        return {"a": _w_enc(x.item(), d)} if x.size == 1 else {"x": "ndarray"}
-    if t is complex:
-        return {"c": [x.real, x.imag]}
-    if t is bytes:
-        return {"b": x.hex()}
-    if t is _w_col.Counter or t is _w_col.OrderedDict:  # against a plain dict these compare as dicts
-        return {"d": [[_w_enc(k, d), _w_enc(v, d)] for k, v in dict.items(x)]}
-    for base, read in _W_SCALARS:
-        if isinstance(x, base):
-            return _w_enc(read(x), d) if t.__eq__ is base.__eq__ else {"x": t.__name__}
-    if isinstance(x, dict):
-        if t.__eq__ is not dict.__eq__:
-            return {"x": t.__name__}
-        return {"d": [[_w_enc(k, d), _w_enc(v, d)] for k, v in dict.items(x)]}
-    for base, tag in _W_SEQS:
-        if isinstance(x, base):
-            if t.__eq__ is not base.__eq__:
-                return {"x": t.__name__}
-            items = [_w_enc(v, d) for v in base.__iter__(x)]
-            return items if tag is None else {tag: items}
-    return {"x": t.__name__}
-
-
-def _w_dec(o, special):
-    if type(o) is list:
-        return [_w_dec(v, special) for v in o]
-    if type(o) is not dict:
-        return o
-    if len(o) != 1:
-        raise ValueError("a wire value is tagged by exactly one key")
-    (tag, v), = o.items()
-    if tag == "t":
-        return tuple(_w_dec(e, special) for e in v)
-    if tag == "s":
-        return {_w_dec(e, special) for e in v}
-    if tag == "f":
-        return frozenset(_w_dec(e, special) for e in v)
-    if tag == "q":
-        return _w_col.deque(_w_dec(e, special) for e in v)
-    if tag == "d":
-        return {_w_dec(k, special): _w_dec(e, special) for k, e in v}
-    if tag == "h":
-        return int(v, 16)
-    if tag == "c":
-        return complex(v[0], v[1])
-    if tag == "b":
-        return bytes.fromhex(v)
-    return special(tag, v)
-
-
-def _w_emit(fd, cap, i, status, payload):
-    """One record [index, status, payload] a line on the results channel; a record over `cap` characters
-    (a constant of the run, not of the answer) is sent as an opaque value."""
-    line = _w_json.dumps([i, status, payload])
-    if len(line) > cap:
-        line = _w_json.dumps([i, status, {"x": "a value too long to send"}])
-    data = (line + "\n").encode()
-    while data:
-        data = data[_w_os.write(fd, data):]
-'''
-
-_WIRE: dict = {}
-exec(_WIRE_SRC, _WIRE)
-_wire_enc, _wire_dec = _WIRE["_w_enc"], _WIRE["_w_dec"]
-
-
-class _Opaque:
-    """A returned object the grader does not compare (not a plain value): it equals nothing."""
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def __eq__(self, other):
-        return False
-
-    __hash__ = object.__hash__
-
-    def __repr__(self):
-        return f"<opaque {self.name}>"
-
-
-@dataclass(frozen=True)
-class _Chain:
-    """A linked list as the values along it (None: the empty list)."""
-    vals: tuple
-
-
-@dataclass(frozen=True)
-class _Tree:
-    """A binary tree in LeetCode's level order: [val] per node, None per missing child, trailing Nones cut."""
-    nodes: tuple
-
-
-class _OneElementArray:
-    """A returned one-element numpy array: `array == expected` broadcasts, and the truth of the result is
-    that of its one element, so it equals a scalar or nested one-element lists holding an equal value."""
-
-    def __init__(self, value):
-        self.value = value
-
-    def __eq__(self, other):
-        while isinstance(other, list) and len(other) == 1:
-            other = other[0]
-        return not isinstance(other, (list, dict)) and bool(self.value == other)
-
-    __hash__ = object.__hash__
-
-
-def _result_special(tag, v):
-    if tag == "a":
-        return _OneElementArray(_wire_dec(v, _result_special))
-    if tag == "ln":
-        return _Chain(tuple(_wire_dec(e, _result_special) for e in v))
-    if tag == "tn":
-        return _Tree(tuple(None if e is None else [_wire_dec(e[0], _result_special)] for e in v))
-    if tag == "x":
-        return _Opaque(str(v))
-    raise ValueError(f"unknown wire tag {tag!r}")
-
-
-def _decode_result(payload):
-    return _wire_dec(payload, _result_special)
-
-
-def _tree_of(values: list) -> _Tree:
-    """What tree_node(values) builds (the prelude's level-order rule), in _Tree's canonical form."""
-    if not values or values[0] is None:
-        return _Tree(())
-    root = [values[0], None, None]
-    level, i = [root], 1
-    for node in level:  # grows while we walk it
-        for side in (1, 2):
-            if i < len(values) and values[i] is not None:
-                node[side] = [values[i], None, None]
-                level.append(node[side])
-            i += 1
-        if i >= len(values):
-            break
-    out, queue = [], [root]
-    for node in queue:
-        if node is None:
-            out.append(None)
-        else:
-            out.append([node[0]])
-            queue += [node[1], node[2]]
-    while out and out[-1] is None:
-        out.pop()
-    return _Tree(tuple(out))
-
-
-def _read_records(stdout: str, n: int) -> list | None:
-    """The payloads of the child's records 0..n-1, or None if one is missing or not "ok", or if the
-    channel holds anything but records (the code wrote into it, or it was cut)."""
-    got: dict = {}
-    for line in stdout.split("\n"):
-        if not line:
-            continue
-        try:
-            i, status, payload = json.loads(line)
-        except (ValueError, TypeError):
-            return None
-        if type(i) is not int or status not in ("ok", "error"):
-            return None
-        if got.setdefault(i, (status, payload)) != (status, payload):
-            return None  # two different records for one case: the code forged one
-    if any(got.get(i, ("missing",))[0] != "ok" for i in range(n)):
-        return None
-    return [got[i][1] for i in range(n)]
-
-
-def _record_cap(sb, needs: list) -> int:
-    """The most characters one result record may take. `needs` are the lengths of the expected values:
-    the records of a correct answer (JSON, at most about twice as long) must fit the sandbox's stdout
-    together, else this is a grader misconfiguration, not a wrong answer. The cap itself is rounded up to
-    a power of two (at least 64K), so that it tells the code nothing about the expected values."""
-    room = getattr(sb, "max_output_bytes", 1 << 62)
-    total = sum(2 * k + 256 for k in needs)
-    if total > room:
-        raise ValueError(f"{len(needs)} test results of {sum(needs):,} characters in all do not fit the sandbox's "
-                         f"max_output_bytes={room:,}; grade with Sandbox(max_output_bytes=...) above {total:,}")
-    return max(1 << 16, 1 << (2 * max(needs, default=0) + 256).bit_length())
-
-
-# ---------------------------------------------------------------------------------------------------
-# LeetCode-style check(candidate) tests -> call cases
-# ---------------------------------------------------------------------------------------------------
-
-_CHECK_CALL_RE = re.compile(r"^check\(\s*((?:Solution\(\)\.)?([A-Za-z_]\w*))\s*\)\s*$")
-
-
-def leetcode_entry_point(check_src: str) -> str:
-    """The candidate expression of a `check(candidate)` test source, e.g. "Solution().twoSum",
-    read from its final `check(...)` line. Raises ValueError if the source has no such line."""
-    lines = [ln.strip() for ln in check_src.strip().splitlines() if ln.strip()]
-    m = _CHECK_CALL_RE.match(lines[-1]) if lines else None
-    if not m or "def check(" not in check_src:
-        raise ValueError("functional tests must define check(candidate) and end with a call like "
-                         "`check(Solution().name)`; got a last line "
-                         f"{(lines[-1] if lines else '')[:80]!r}")
-    return m.group(1)
-
-
-class UnsupportedCheck(ValueError):
-    """A check(candidate) statement the converter cannot turn into a call case (it is never trusted)."""
-
-
-@dataclass(frozen=True)
-class CallCase:
-    """One assert of a check function as a call: the candidate gets args/kwargs (wire-encoded; `ln`/`tn`
-    tags build linked lists / trees in the child) and its result must satisfy `kind` against `expected`:
-    eq (==), list / tree (is_same_list / is_same_tree: expected is a _Chain / _Tree), none (is None),
-    truthy / falsy (assert f(...) / assert not f(...)), close (abs(f(...) - expected) < or <= tol[1],
-    tol[0] the operator) and isclose (math.isclose with tol = (rel_tol, abs_tol))."""
-    args: list
-    kwargs: dict
-    kind: str
-    expected: object = None
-    tol: tuple = ()
-    line: int = 0
-
-
-_NUMBER_NAMES = {"inf": float("inf")}  # the prelude defines `inf`
-
-
-def _literal(node):
-    """The value of a literal expression of a check function (Python literals, unary signs, `inf`)."""
-    if isinstance(node, ast.Constant) and node.value is not Ellipsis:
-        return node.value
-    if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
-        if any(isinstance(e, ast.Starred) for e in node.elts):
-            raise UnsupportedCheck("a starred element")
-        items = [_literal(e) for e in node.elts]
-        return {ast.List: list, ast.Tuple: tuple, ast.Set: set}[type(node)](items)
-    if isinstance(node, ast.Dict):
-        if any(k is None for k in node.keys):
-            raise UnsupportedCheck("a ** in a dict literal")
-        return {_literal(k): _literal(v) for k, v in zip(node.keys, node.values)}
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        v = _literal(node.operand)
-        if type(v) not in (int, float, complex):
-            raise UnsupportedCheck(f"a sign on {type(v).__name__}")
-        return -v if isinstance(node.op, ast.USub) else +v
-    if isinstance(node, ast.Name) and node.id in _NUMBER_NAMES:
-        return _NUMBER_NAMES[node.id]
-    raise UnsupportedCheck(f"`{ast.unparse(node)}` is not a literal")
-
-
-def _builder(node, name: str):
-    """The literal list of `name(<list>)` (list_node / tree_node), else None."""
-    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == name
-            and len(node.args) == 1 and not node.keywords):
-        values = _literal(node.args[0])
-        if not isinstance(values, list):
-            raise UnsupportedCheck(f"{name} of a {type(values).__name__}")
-        return values
-    return None
-
-
-def _arg(node):
-    """A candidate argument, wire-encoded: a literal, list_node([...]) or tree_node([...])."""
-    for name, tag in (("list_node", "ln"), ("tree_node", "tn")):
-        values = _builder(node, name)
-        if values is not None:
-            return {tag: _wire_enc(values)}
-    return _wire_enc(_literal(node))
-
-
-def _candidate_call(node, param: str):
-    """(args, kwargs) of `param(...)`, else None."""
-    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == param):
-        return None
-    if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
-        raise UnsupportedCheck("*args or **kwargs in the call")
-    return [_arg(a) for a in node.args], {k.arg: _arg(k.value) for k in node.keywords}
-
-
-def _assert_case(test, param: str, line: int) -> CallCase:
-    """The call case of one `assert <test>`; UnsupportedCheck for shapes we do not grade."""
-    def call(node):
-        return _candidate_call(node, param)
-
-    def case(got, kind, expected=None, tol=()):
-        return CallCase(got[0], got[1], kind, expected, tol, line)
-
-    if isinstance(test, ast.Compare) and len(test.ops) == 1:
-        left, op, right = test.left, test.ops[0], test.comparators[0]
-        if isinstance(op, ast.Eq):
-            for a, b in ((left, right), (right, left)):
-                if (got := call(a)) is not None:
-                    return case(got, "eq", _literal(b))
-        if isinstance(op, ast.Is) and isinstance(right, ast.Constant) and right.value is None:
-            if (got := call(left)) is not None:
-                return case(got, "none")
-        if isinstance(op, (ast.Lt, ast.LtE)) and isinstance(left, ast.Call) and isinstance(left.func, ast.Name) \
-                and left.func.id == "abs" and len(left.args) == 1 and isinstance(left.args[0], ast.BinOp) \
-                and isinstance(left.args[0].op, ast.Sub):
-            diff, tol = left.args[0], _literal(right)
-            for a, b in ((diff.left, diff.right), (diff.right, diff.left)):
-                if (got := call(a)) is not None:
-                    return case(got, "close", _literal(b), ("<" if isinstance(op, ast.Lt) else "<=", tol))
-    if isinstance(test, ast.Call) and isinstance(test.func, (ast.Name, ast.Attribute)):
-        fname = test.func.id if isinstance(test.func, ast.Name) else test.func.attr
-        if fname in ("is_same_list", "is_same_tree") and len(test.args) == 2 and not test.keywords:
-            builder = "list_node" if fname == "is_same_list" else "tree_node"
-            for a, b in ((test.args[0], test.args[1]), (test.args[1], test.args[0])):
-                if (got := call(a)) is not None:
-                    values = [] if isinstance(b, ast.Constant) and b.value is None else _builder(b, builder)
-                    if values is None:
-                        raise UnsupportedCheck(f"{fname} against `{ast.unparse(b)}`")
-                    if fname == "is_same_list":
-                        return case(got, "list", _Chain(tuple(values)))
-                    return case(got, "tree", _tree_of(values))
-        if fname == "isclose" and len(test.args) == 2 and all(k.arg in ("rel_tol", "abs_tol") for k in test.keywords):
-            if isinstance(test.func, ast.Attribute) and ast.unparse(test.func.value) != "math":
-                raise UnsupportedCheck(f"`{ast.unparse(test.func)}`")
-            tols = {"rel_tol": 1e-9, "abs_tol": 0.0, **{k.arg: _literal(k.value) for k in test.keywords}}
-            for a, b in ((test.args[0], test.args[1]), (test.args[1], test.args[0])):
-                if (got := call(a)) is not None:
-                    return case(got, "isclose", _literal(b), (tols["rel_tol"], tols["abs_tol"]))
-    if (got := call(test)) is not None:
-        return case(got, "truthy")
-    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not) and (got := call(test.operand)) is not None:
-        return case(got, "falsy")
-    raise UnsupportedCheck("not a shape the grader converts (candidate(...) == literal, is None, "
-                           "is_same_list/is_same_tree, abs(... - x) < tol, math.isclose, or a bare call)")
-
-
-@functools.lru_cache(maxsize=4096)  # a GRPO group shares its tests
-def functional_cases(check_src: str) -> tuple[str, tuple[CallCase, ...]]:
-    """A `check(candidate)` test source -> (entry expression, its asserts as call cases).
-
-    Raises UnsupportedCheck (a ValueError) naming the first statement it cannot convert: a check is
-    converted whole or not at all, never run as code whose verdict the candidate could fake."""
-    entry = leetcode_entry_point(check_src)
-    try:
-        tree = ast.parse(check_src)
-    except SyntaxError as e:
-        raise UnsupportedCheck(f"functional tests: not Python ({e.msg}, line {e.lineno})") from None
-    fn = tree.body[0]
-    if len(tree.body) != 2 or not isinstance(fn, ast.FunctionDef) or fn.name != "check" or fn.decorator_list:
-        raise UnsupportedCheck("functional tests: expected exactly `def check(candidate): ...` and the "
-                               "final check(...) call, nothing else at the top level")
-    if len(fn.args.args) != 1 or fn.args.vararg or fn.args.kwarg or fn.args.kwonlyargs:
-        raise UnsupportedCheck("functional tests: check must take exactly one argument (the candidate)")
-    param, cases = fn.args.args[0].arg, []
-    for stmt in fn.body:
-        if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str):
-            continue  # a docstring
-        try:
-            if not isinstance(stmt, ast.Assert):
-                raise UnsupportedCheck(f"a {type(stmt).__name__} statement (only asserts are converted)")
-            cases.append(_assert_case(stmt.test, param, stmt.lineno))
-        except UnsupportedCheck as e:
-            raise UnsupportedCheck(f"functional tests, line {stmt.lineno}: cannot grade "
-                                   f"`{ast.unparse(stmt)[:120]}`: {e}") from None
-    if not cases:
-        raise UnsupportedCheck("functional tests: check has no asserts")
-    return entry, tuple(cases)
-
-
-def _case_holds(case: CallCase, value) -> bool:
-    """Does the decoded result satisfy the case? Python's own operators on plain values, as the assert
-    would have used; an opaque result satisfies nothing."""
-    if isinstance(value, _Opaque):
-        return False
-    try:
-        if case.kind in ("eq", "list", "tree"):
-            return bool(value == case.expected)
-        if case.kind == "none":
-            return value is None
-        if case.kind in ("truthy", "falsy"):
-            return bool(value) == (case.kind == "truthy")
-        if case.kind == "close":
-            op, tol = case.tol
-            diff = abs(value - case.expected)
-            return bool(diff < tol if op == "<" else diff <= tol)
-        if case.kind == "isclose":
-            return math.isclose(value, case.expected, rel_tol=case.tol[0], abs_tol=case.tol[1])
-    except (TypeError, ValueError, OverflowError, RecursionError):
-        return False
-    raise ValueError(f"unknown call case kind {case.kind!r}")
-
-
-# The child's program: read the cases, move its own stdout out of the way (the code's prints go to
-# /dev/null; the results leave on a duplicate of the old stdout), the prelude, the prelude's builders
-# saved before the code can rebind them, the code, then the calls. Any exception (or exit) ends the run.
-_CHECK_HEAD = """\
-import json as _clnr_json, os as _clnr_os, sys as _clnr_sys
-_clnr_todo = _clnr_json.loads(_clnr_sys.stdin.read())
-_clnr_fd = _clnr_os.dup(1)
-_clnr_null = _clnr_os.open(_clnr_os.devnull, _clnr_os.O_WRONLY)
-_clnr_os.dup2(_clnr_null, 1)
-_clnr_os.close(_clnr_null)
-""" + _WIRE_SRC
-
-_CHECK_MID = "_clnr_build = {'ln': list_node, 'tn': tree_node}\n"
-
-_CHECK_TAIL = """
-def _clnr_arg(tag, v):
-    return _clnr_build[tag](_w_dec(v, None))
-
-def _clnr_chain(x):
-    vals = []
-    while x is not None:
-        if len(vals) >= 1000000:
-            raise ValueError("the returned linked list does not end")
-        vals.append(_w_enc(x.val))
-        x = x.next
-    return {"ln": vals}
-
-def _clnr_tree(root):
-    out, queue = [], [root]
-    for node in queue:
-        if node is None:
-            out.append(None)
-            continue
-        if len(queue) > 2000000:
-            raise ValueError("the returned tree does not end")
-        out.append([_w_enc(node.val)])
-        queue += [node.left, node.right]
-    while out and out[-1] is None:
-        out.pop()
-    return {"tn": out}
-
-def _clnr_run(fn):
-    for i, case in enumerate(_clnr_todo["cases"]):
-        try:
-            got = fn(*_w_dec(case["args"], _clnr_arg), **{k: _w_dec(v, _clnr_arg) for k, v in case["kwargs"].items()})
-            kind = case["kind"]
-            out = _clnr_chain(got) if kind == "list" else _clnr_tree(got) if kind == "tree" else _w_enc(got)
-        except BaseException as e:
-            _w_emit(_clnr_fd, _clnr_todo["cap"], i, "error", type(e).__name__)
-            return
-        _w_emit(_clnr_fd, _clnr_todo["cap"], i, "ok", out)
-"""
-
-
-def run_check_tests(code: str, check_src: str, sandbox=None, timeout_s: float = 6.0) -> bool:
-    """LeetCode-style tests: the asserts of check(candidate) become call cases (functional_cases); the
-    child calls the candidate (one instance for all cases, as `check(Solution().f)` does) and sends back
-    only the results, which are compared here. timeout_s bounds the whole run."""
-    entry, cases = functional_cases(check_src)
-    sb = _get_sandbox(sandbox)
-    needs = [len(json.dumps(_wire_enc(c.expected.vals if isinstance(c.expected, _Chain) else
-                                      list(c.expected.nodes) if isinstance(c.expected, _Tree) else c.expected)))
-             for c in cases]
-    todo = {"cap": _record_cap(sb, needs),
-            "cases": [{"args": c.args, "kwargs": c.kwargs, "kind": c.kind} for c in cases]}
-    program = "\n".join([_CHECK_HEAD, LEETCODE_PRELUDE, _CHECK_MID, code, _CHECK_TAIL, f"_clnr_run({entry})", ""])
-    res = sb.run(program, stdin=json.dumps(todo), timeout_s=timeout_s)
-    got = _read_records(res.stdout, len(cases))
-    if got is None:
-        return False
-    try:
-        return all(_case_holds(c, _decode_result(p)) for c, p in zip(cases, got))
-    except (ValueError, TypeError, RecursionError):  # a record that does not decode: tampered with
-        return False
-
-
-def _stripped_lines(s: str) -> list[str]:
-    return [ln.strip() for ln in s.strip().split("\n")]
-
-
-def _decimal_tokens(line: str) -> list[Decimal] | None:
-    try:
-        return [Decimal(tok) for tok in line.split()]
-    except (InvalidOperation, ValueError):
-        return None
-
-
-def stdout_matches(got: str, expected: str) -> bool:
-    """LiveCodeBench's stdout rule: same number of stripped lines; each line equal, or equal as a
-    list of Decimal tokens (so "0.50" matches "0.5", but "0.5000001" does not)."""
-    a, b = _stripped_lines(got), _stripped_lines(expected)
-    if len(a) != len(b):
-        return False
-    for x, y in zip(a, b):
-        if x == y:
-            continue
-        dx, dy = _decimal_tokens(x), _decimal_tokens(y)
-        if dx is None or dy is None or dx != dy:
-            return False
-    return True
-
-
-def _check_room(sb, expected: str) -> None:
-    """A stdout longer than the sandbox keeps is cut in the middle and can never match: that is a
-    grader misconfiguration, not a wrong answer, so say so instead of failing the response."""
-    room = getattr(sb, "max_output_bytes", None)
-    if room is not None and len(expected.encode()) + 1024 > room:
-        raise ValueError(f"an expected output of {len(expected.encode()):,} bytes does not fit the sandbox's "
-                         f"max_output_bytes={room:,}; grade with Sandbox(max_output_bytes=...) above the largest output")
-
-
-def _budget(n_tests: int, per_test_s: float, total_s: float | None) -> float:
-    # LiveCodeBench's global limit for a whole problem: (timeout + 1) per test + 5 s, at most 300 s
-    return total_s if total_s is not None else min((per_test_s + 1) * n_tests + 5, 300.0)
-
-
-def _run_cases(sb, program: str, cases: list[dict], per_test_s: float, total_s: float | None, passed) -> bool:
-    """Run `program` once per case, case["input"] on stdin, within the problem's time budget; every
-    result must satisfy passed(result, case)."""
-    deadline = time.monotonic() + _budget(len(cases), per_test_s, total_s)
-    for case in cases:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return False
-        _check_room(sb, case["output"])
-        if not passed(sb.run(program, stdin=case["input"], timeout_s=min(per_test_s, left)), case):
-            return False
-    return True
-
-
-def run_stdio_tests(code: str, cases: list[dict], sandbox=None, per_test_s: float = 6.0,
-                    total_s: float | None = None) -> bool:
-    """Run `code` once per case with case["input"] on stdin; all outputs must match (stdout_matches)."""
-    return _run_cases(_get_sandbox(sandbox), _LCB_IMPORTS + "\n" + code, cases, per_test_s, total_s,
-                      lambda res, case: res.ok and stdout_matches(res.stdout, case["output"]))
-
-
-_CALL_HARNESS = """\
-import json as _json, sys as _sys
-_ARGS = [_json.loads(_l) for _l in _sys.stdin.read().split("\\n") if _l.strip()]
-{imports}
-{code}
-
-def _plain(o):
-    if hasattr(o, "tolist"):
-        return o.tolist()
-    raise TypeError(f"{{type(o).__name__}} is not JSON serializable")
-
-_fn = Solution().{name} if "Solution" in globals() else {name}
-_res = _fn(*_ARGS)
-print({marker!r} + _json.dumps(_res, default=_plain))
-"""
-
-
-def run_call_tests(code: str, func_name: str, cases: list[dict], sandbox=None, per_test_s: float = 6.0,
-                   total_s: float | None = None) -> bool:
-    """LiveCodeBench functional problems: per case, call `Solution().<func_name>(*args)` (args: one
-    JSON value per input line) and compare its JSON-encoded result with the JSON expected output.
-    The comparison is made here: the child gets only the arguments. Its result line carries a random
-    marker that tells it apart from the code's own prints; the code can read the marker (it is a constant
-    of the program), but a line it forges holds a value that must still equal the expected output, which
-    the child never sees."""
-    if not re.fullmatch(r"[A-Za-z_]\w*", func_name or ""):
-        raise ValueError(f"functional tests need a Python identifier as func_name, got {func_name!r}")
-    marker = secrets.token_hex(16)
-    program = _CALL_HARNESS.format(imports=_LCB_IMPORTS, code=code, name=func_name, marker=marker)
-
-    def passed(res, case) -> bool:
-        lines = [ln for ln in res.stdout.splitlines() if ln.startswith(marker)]
-        if not res.ok or not lines:
-            return False
-        try:
-            return json.loads(lines[-1][len(marker):]) == json.loads(case["output"])
-        except json.JSONDecodeError:
-            return False
-
-    return _run_cases(_get_sandbox(sandbox), program, cases, per_test_s, total_s, passed)
-
-
-# ---------------------------------------------------------------------------------------------------
-# LiveCodeBench as its official harness grades (lcb_grader="official")
-# ---------------------------------------------------------------------------------------------------
-# Semantics of lcb_runner/evaluation/testing_util.py run_test (upstream LiveCodeBench, also vendored in
-# Open-CLEANER's veRL fork and used by NVIDIA's runner), rebuilt here:
-# - stdin programs: a final `if __name__ == '__main__':` block is unwrapped, the top-level imports stay
-#   at module level after the harness's star-imports, and every other statement becomes the body of a
-#   function that is called once per test. Names assigned at the top level are that function's locals,
-#   so a helper that declares them `global` fails. A program whose text holds "class Solution" fails.
-# - the whole problem runs in one process: the module is executed once under a per-test alarm, then
-#   each test under its own alarm; the first test that raises or times out ends the problem (code that
-#   swallows the TimeoutException runs on, as there, but the handler's message lands in its captured
-#   output). Call-style problems create ONE Solution() for all their tests, so state kept on it carries
-#   over from test to test.
-# - stdin is text: sys.stdin is a StringIO of the input (no .buffer; the copy in Open-CLEANER, and
-#   upstream until 2025-05; upstream since gives a bytes .buffer), and read/readline/readlines of the
-#   process's own stdin object (which names bound by `from sys import *` at import time still point at)
-#   return the input; stdout is captured by swapping sys.stdout for a StringIO. `open` is patched too, but
-#   the star-import of builtins bound the real one first, so open(0) reads the worker's empty stdin.
-# - exits: SystemExit from a stdin program ends that test normally (sys.exit(1) after a correct output
-#   passes); `quit` is None (reliability_guard), so quit() is a runtime error; os._exit ends the process
-#   and so fails the problem; a call-style solution that exits fails.
-# - comparison: stdout as stdout_matches; call results by `==` with the JSON expected value, after
-#   turning a top-level tuple (only) into a list. Int-to-string conversion allows 50,000 digits.
-# - reliability_guard's disabled functions (os.kill, os.remove, os.getcwd, shutil.rmtree,
-#   subprocess.Popen, quit, help, ...) and blocked modules (resource, psutil, ...) are disabled too.
-# - code extraction: the lines between the response's last two lines that contain ``` (whatever their
-#   language; upstream extract_code). NVIDIA's runner takes the first block instead; not offered.
-# Departures: the verdict is made in the parent on the values the child sends, so equality is Python's on
-# plain values: a result object with its own __eq__ is never equal (the official harness would call that
-# __eq__); a numpy array counts as its one element, and fails when larger (there, a runtime error). Tests
-# after a wrong output still run (the child does not know the expected outputs), which changes no
-# verdict. Time limits use setitimer, so they may be fractions of a second.
-# Checked: 37 programs (each rule above, both ways) get the same verdict here as from the Open-CLEANER
-# copy of run_test itself, run outside this repository.
-
-_LCB_OFFICIAL_HARNESS = """\
-import builtins as _b, contextlib as _ctx, io as _io, json as _json, os as _os, shutil as _shutil
-import signal as _signal, subprocess as _subprocess, sys as _sys, types as _types
-from unittest import mock as _mock
-""" + _WIRE_SRC + r'''
-_cfg = _json.loads(_sys.stdin.read())
-_fd = _os.dup(1)
-for _n, _mode in ((0, _os.O_RDONLY), (1, _os.O_WRONLY)):  # like the official worker process: stdin is
-    _x = _os.open(_os.devnull, _mode)                       # /dev/null, and writes that bypass the captured
-    _os.dup2(_x, _n)                                        # sys.stdout go nowhere
-    _os.close(_x)
-_sys.stdin = open(0, "r", closefd=False)
-_sys.set_int_max_str_digits(50000)
-
-_NULLED = {_b: ("quit", "help"),
-           _os: ("kill", "system", "putenv", "remove", "removedirs", "rmdir", "fchdir", "setuid", "fork", "forkpty",
-                 "killpg", "rename", "renames", "truncate", "replace", "unlink", "fchmod", "fchown", "chmod",
-                 "chown", "chroot", "lchflags", "lchmod", "lchown", "getcwd", "chdir"),
-           _shutil: ("rmtree", "move", "chown"), _subprocess: ("Popen",)}
-_BLOCKED = ("ipdb", "joblib", "resource", "psutil", "tkinter")
-_NONE = object()
-
-
-class TimeoutException(Exception):
-    pass
-
-
-def _on_alarm(signum, frame):
-    print("timeout occured: alarm went off")  # as the official handler: into the captured output, so a
-    raise TimeoutException                    # program that swallows the timeout still fails its test
-
-
-def _arm(seconds):
-    _signal.setitimer(_signal.ITIMER_REAL, seconds)
-
-
-def _guard():
-    saved = [(m, k, getattr(m, k, _NONE)) for m, names in _NULLED.items() for k in names]
-    for m, k, _ in saved:
-        setattr(m, k, None)
-    mods = [(k, _sys.modules.get(k, _NONE)) for k in _BLOCKED]
-    for k, _ in mods:
-        _sys.modules[k] = None
-    return saved, mods
-
-
-def _unguard(saved, mods):
-    for m, k, v in saved:
-        if v is _NONE:
-            delattr(m, k)
-        else:
-            setattr(m, k, v)
-    for k, v in mods:
-        if v is _NONE:
-            _sys.modules.pop(k, None)
-        else:
-            _sys.modules[k] = v
-
-
-def _one_stdin(fn, text, per):
-    lines = iter(text.split("\n"))
-    buf = _io.StringIO()
-    buf.close = lambda x: 1
-    saved = _sys.stdout
-    try:
-        _arm(per)
-        _sys.stdout = buf
-        with _ctx.ExitStack() as stack:
-            # entered in the official order: the first three patch the process's own stdin object,
-            # then sys.stdin itself is replaced
-            for p in (_mock.patch("sys.stdin.read", lambda *a: text),
-                      _mock.patch("sys.stdin.readlines", lambda *a: text.split("\n")),
-                      _mock.patch("sys.stdin.readline", lambda *a: next(lines)),
-                      _mock.patch("sys.stdin", _io.StringIO(text)),
-                      _mock.patch("builtins.open", _mock.mock_open(read_data=text))):
-                stack.enter_context(p)
-            try:
-                fn()
-            except SystemExit:
-                pass
-        return "ok", buf.getvalue()
-    except BaseException as e:
-        return "error", type(e).__name__
-    finally:
-        _arm(0)
-        _sys.stdout = saved
-
-
-def _one_call(fn, args, per):
-    try:
-        _arm(per)
-        got = fn(*args)
-        _arm(0)
-        if isinstance(got, tuple):
-            got = list(got)
-        return "ok", _w_enc(got)
-    except BaseException as e:
-        return "error", type(e).__name__
-    finally:
-        _arm(0)
-
-
-def _main():
-    per, cap = _cfg["per_test_s"], _cfg["cap"]
-    _signal.signal(_signal.SIGALRM, _on_alarm)
-    guard = _guard()
-    try:
-        try:
-            _arm(per)
-            mod = _types.ModuleType("tmp_sol", "")
-            exec(_cfg["src"], mod.__dict__)
-            sol = mod.Solution() if "class Solution" in _cfg["src"] else mod
-            fn = getattr(sol, _cfg["name"])
-            _arm(0)
-            if _cfg["kind"] == "call":
-                todo = [[_json.loads(line) for line in text.split("\n")] for text in _cfg["inputs"]]
-            else:
-                todo = _cfg["inputs"]
-        except BaseException as e:
-            _w_emit(_fd, cap, -1, "error", type(e).__name__)
-            return
-        finally:
-            _arm(0)
-        one = _one_call if _cfg["kind"] == "call" else _one_stdin
-        for i, item in enumerate(todo):
-            status, payload = one(fn, item, per)
-            _w_emit(_fd, cap, i, status, payload)
-            if status != "ok":
-                return
-    finally:
-        _unguard(*guard)
-
-
-_main()
-'''
-
-
-def extract_code_lcb(text: str) -> str:
-    """The official LiveCodeBench extraction: the lines between the last two lines that contain ```
-    (whatever the fence's language, even prose between two blocks); "" when there are fewer than two."""
-    if not isinstance(text, str):
-        return ""
-    lines = text.split("\n")
-    fences = [i for i, line in enumerate(lines) if "```" in line]
-    if len(fences) < 2:
-        return ""
-    return "\n".join(lines[fences[-2] + 1:fences[-1]])
-
-
-def _lcb_stdin_source(code: str) -> str | None:
-    """A stdin program as the official harness runs it (see above); None if it does not parse."""
-    try:
-        tree = ast.parse(code)
-        last = tree.body[-1] if tree.body else None
-        if isinstance(last, ast.If) and ast.unparse(last.test).strip() == "__name__ == '__main__'":
-            tree = ast.parse(ast.unparse(tree.body[:-1]) + "\n" + ast.unparse(last.body))
-    except (SyntaxError, ValueError, RecursionError):
-        return None
-    imports = [s for s in tree.body if isinstance(s, (ast.Import, ast.ImportFrom))]
-    body = [s for s in tree.body if not isinstance(s, (ast.Import, ast.ImportFrom))]
-    fn = ast.FunctionDef(name="wrapped_function", args=ast.arguments(posonlyargs=[], args=[], kwonlyargs=[],
-                                                                      kw_defaults=[], defaults=[]),
-                         body=body, decorator_list=[], returns=None, lineno=1)
-    try:
-        return _LCB_IMPORTS + "\n" + ast.unparse(imports) + "\n" + ast.unparse(fn)
-    except (ValueError, RecursionError):
-        return None
-
-
-def _json_expected(s: str, where: str):
-    # the official evaluator allows 50,000-digit ints; Decimal converts past this process's own cap
-    try:
-        return json.loads(s, parse_int=lambda d: int(d) if len(d) < 4000 else int(Decimal(d)))
-    except (ValueError, RecursionError) as e:
-        raise ValueError(f"{where} is not JSON ({e})") from None
-
-
-def run_lcb_official(code: str | None, tests, sandbox=None, per_test_s: float = 6.0, total_s: float | None = None) -> bool:
-    """Grade `code` on LiveCodeBench tests (stdin pairs, or {"call", "cases"}) as the official harness
-    does (notes above); all tests in one sandbox run within the problem's time budget."""
-    call = isinstance(tests, dict)
-    cases = tests["cases"] if call else tests
-    if call and not re.fullmatch(r"[A-Za-z_]\w*", tests["call"] or ""):
-        raise ValueError(f"functional tests need a Python identifier as func_name, got {tests['call']!r}")
-    if call:
-        expected = [_json_expected(c["output"], f"functional test case {i} output") for i, c in enumerate(cases)]
-    else:
-        expected = [c["output"] for c in cases]
-    sb = _get_sandbox(sandbox)
-    cap = _record_cap(sb, [len(c["output"]) for c in cases])
-    if not code or not code.strip():
-        return False
-    if call:
-        src, name = _LCB_IMPORTS + "\n\n" + code, tests["call"]
-    else:
-        src, name = _lcb_stdin_source(code), "wrapped_function"
-        if src is None:
-            return False
-    cfg = {"kind": "call" if call else "stdin", "src": src, "name": name, "cap": cap, "per_test_s": per_test_s,
-           "inputs": [c["input"] for c in cases]}
-    res = sb.run(_LCB_OFFICIAL_HARNESS, stdin=json.dumps(cfg), timeout_s=_budget(len(cases), per_test_s, total_s))
-    got = _read_records(res.stdout, len(cases))
-    if got is None:
-        return False
-    if not call:
-        return all(isinstance(p, str) and stdout_matches(p, e) for p, e in zip(got, expected))
-    try:
-        return all(_case_holds(CallCase([], {}, "eq", e), _decode_result(p)) for p, e in zip(got, expected))
-    except (ValueError, TypeError, RecursionError):
-        return False
-
-
-LCB_GRADERS = ("strict", "official")
-
-
-def _functional(tests) -> bool:
-    """A check(candidate) function's source ({"functional": src}), the one shape no LiveCodeBench grader reads."""
-    return isinstance(tests, dict) and set(tests) == {"functional"}
+LCB_GRADERS = get_args(config.LcbGrader)
 
 
 def graded_code(response: str, tests, lcb_grader: str = "strict") -> str | None:
-    """The code that grade_code runs for these tests: LiveCodeBench's own extraction (extract_code_lcb) for
+    """The code that grade_code runs for these tests: LiveCodeBench's own extraction (lcb.extract_code_lcb) for
     LiveCodeBench-shaped tests under lcb_grader="official", else the final python block; None when there is
     none. eval.py records it as the prediction."""
-    if lcb_grader == "official" and not _functional(tests):
-        return extract_code_lcb(response) or None
+    if lcb_grader == "official" and not lcb.is_check(tests):
+        return lcb.extract_code_lcb(response) or None
     return extract_code(response)
 
 
 def grade_code(response: str, tests, sandbox=None, per_test_s: float = 6.0, total_s: float | None = None,
                lcb_grader: str = "strict") -> bool:
-    """True iff the response's code passes every test (shapes: module docstring). lcb_grader picks how
-    LiveCodeBench-shaped tests (stdin pairs, call cases) are graded: "strict" (ours: the final python
-    block, each test in a fresh process) or "official" (run_lcb_official); LeetCode check tests are
+    """True iff the response's code passes every test (lcb.passes; the shapes: machinery/lcb.py). lcb_grader
+    picks how LiveCodeBench-shaped tests (stdin pairs, call cases) are graded: "strict" (ours: the final python
+    block, each test in a fresh process) or "official" (LiveCodeBench's harness); LeetCode check tests are
     graded one way. A malformed `tests` value raises ValueError; a response without code is simply wrong."""
     if lcb_grader not in LCB_GRADERS:
         raise ValueError(f"unknown lcb_grader {lcb_grader!r}; choose one of {LCB_GRADERS}")
     code = graded_code(response, tests, lcb_grader)
-    if _functional(tests):
-        functional_cases(tests["functional"])  # validate before deciding the response is wrong
-        return code is not None and run_check_tests(code, tests["functional"], sandbox, timeout_s=per_test_s)
-    lcb_call = isinstance(tests, dict) and set(tests) == {"call", "cases"} and bool(tests["cases"])
-    lcb_stdin = isinstance(tests, list) and bool(tests) and all(isinstance(t, dict) and {"input", "output"} <= set(t)
-                                                                for t in tests)
-    if not (lcb_call or lcb_stdin):
-        shape = sorted(tests) if isinstance(tests, dict) else type(tests).__name__
-        raise ValueError(f"unknown code tests shape {shape}: expected {{'functional': src}}, "
-                         "{'call': name, 'cases': [...]} (cases non-empty) or a non-empty list of {'input', 'output'}")
-    if lcb_grader == "official":
-        return run_lcb_official(code, tests, sandbox, per_test_s, total_s)
-    if lcb_call:
-        return code is not None and run_call_tests(code, tests["call"], tests["cases"], sandbox, per_test_s, total_s)
-    return code is not None and run_stdio_tests(code, tests, sandbox, per_test_s, total_s)
+    return lcb.passes(code, tests, _get_sandbox(sandbox), per_test_s, total_s, official=lcb_grader == "official")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -1366,19 +393,33 @@ def overlong_penalty(length: int, max_len: int, buffer: int, factor: float) -> f
     return min(0.0, -(length - (max_len - buffer)) / buffer * factor)
 
 
-def grade(problem_task: str, response: str, answer=None, tests=None, sandbox=None,
-          math_grader: str = "math-verify", lcb_grader: str = "strict") -> bool:
-    """Grade one final response. problem_task: "math" | "gpqa" | "code". math_grader: math-verify (ours) or
-    strict-box (the official training reward). lcb_grader: strict (ours) or official (LiveCodeBench's
-    harness) for LiveCodeBench-shaped code tests (grade_code)."""
+class Judged(NamedTuple):
+    """A graded response: what the grader read of it (the last boxed answer, the letter, or the code it ran;
+    None: nothing), and whether it is right."""
+    pred: str | None
+    correct: bool
+
+
+def judge(problem_task: str, response: str, answer=None, tests=None, sandbox=None, math_grader: str = "math-verify",
+          lcb_grader: str = "strict", per_test_s: float = 6.0) -> Judged:
+    """Grade one final response: the one dispatch by task. problem_task: "math" | "gpqa" | "code".
+    math_grader: math-verify (ours) or strict-box (the official training reward). lcb_grader: strict (ours)
+    or official (LiveCodeBench's harness) for LiveCodeBench-shaped code tests (grade_code); per_test_s: their
+    time limit per test."""
     if problem_task == "math":
         if math_grader == "strict-box":
-            return grade_math_strict_box(response, answer)
+            return Judged(extract_boxed(response), grade_math_strict_box(response, answer))
         if math_grader != "math-verify":
             raise ValueError(f"unknown math_grader {math_grader!r}; choose one of {MATH_GRADERS}")
-        return grade_math(response, answer)
+        return Judged(extract_boxed(response), grade_math(response, answer))
     if problem_task == "gpqa":
-        return grade_gpqa(response, answer)
+        return Judged(extract_choice(response), grade_gpqa(response, answer))
     if problem_task == "code":
-        return grade_code(response, tests, sandbox=sandbox, lcb_grader=lcb_grader)
+        return Judged(graded_code(response, tests, lcb_grader),
+                      grade_code(response, tests, sandbox=sandbox, per_test_s=per_test_s, lcb_grader=lcb_grader))
     raise ValueError(f"unknown task {problem_task!r}: expected 'math', 'gpqa' or 'code'")
+
+
+def grade(problem_task: str, response: str, **kw) -> bool:
+    """Right or wrong (the training reward's +1/-1): judge's verdict; kw: judge's settings."""
+    return judge(problem_task, response, **kw).correct

@@ -151,12 +151,6 @@ def call_cases(arg_lists: list, outputs: list) -> list[dict]:
             for args, want in zip(arg_lists, outputs)]
 
 
-def _check_json_lines(s: str) -> None:
-    for line in s.split("\n"):
-        if line.strip():
-            json.loads(line)
-
-
 def _lines(v) -> str:
     return "\n".join(map(str, v)) if isinstance(v, list) else str(v)
 

@@ -17,10 +17,10 @@ Row format (one JSON object per line):
 Code tests, normalised form (Problem.tests); graders branch on the shape:
     {"functional": src}   src is Python that defines check(candidate) and ends with a call such as
                           `check(Solution().twoSum)` (leetcode_train). The grader never runs src
-                          beside the candidate: reward.functional_cases turns its asserts into call
+                          beside the candidate: machinery.lcb.functional_cases turns its asserts into call
                           cases, the sandbox returns the candidate's values and the trainer compares
                           them (a check it cannot convert is an error, never trusted).
-                          Neither the solution nor src imports anything: put reward.LEETCODE_PRELUDE
+                          Neither the solution nor src imports anything: put lcb.LEETCODE_PRELUDE
                           (typing/collections/... star imports, `inf`, ListNode, TreeNode,
                           list_node, tree_node, is_same_list, is_same_tree) first, as the source
                           data's LeetCode graders do.

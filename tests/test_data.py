@@ -19,10 +19,10 @@ import sympy
 
 from data import download as dl  # the repo root is on sys.path via tests/conftest.py
 from data.benchmarks import decode_lcb_tests, gpqa_problem
-from reward import LEETCODE_PRELUDE
 from data.problems import (FILES, DataError, Problem, default_data_dir, load_jsonl,
                            load_named, problem_from_row)
 from data.synth import KINDS, make_problems, make_sft_conversations
+from machinery.lcb import LEETCODE_PRELUDE
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -135,12 +135,6 @@ def test_extract_code_takes_final_python_block():
     assert extract_code("no code here") is None
 
 
-def test_leetcode_entry_point():
-    assert reward.leetcode_entry_point("def check(candidate):\n    assert 1\n\n\ncheck(Solution().twoSum)\n") == "Solution().twoSum"
-    with pytest.raises(ValueError, match="check"):
-        reward.leetcode_entry_point("def check(candidate):\n    assert 1\n")
-
-
 def test_unknown_tests_shape_is_an_error():
     with pytest.raises(ValueError, match="unknown code tests shape"):
         grade_code("```python\nprint(1)\n```", {"weird": 1})

@@ -1,6 +1,6 @@
-"""reward.py's code graders in the real sandbox: LiveCodeBench's official harness beside ours (each
-difference pinned in both modes), LeetCode checks turned into call cases (and the reward hacks that
-used to pass them), and graded code kept away from the benchmark files (bwrap's `hide=`)."""
+"""machinery/lcb.py, through reward.py's code grader, in the real sandbox: LiveCodeBench's official harness
+beside ours (each difference pinned in both modes), LeetCode checks turned into call cases (and the reward
+hacks that used to pass them), and graded code kept away from the benchmark files (bwrap's `hide=`)."""
 import json
 import shutil
 import tempfile
@@ -10,7 +10,9 @@ import pytest
 
 import config
 import reward
-from reward import extract_code_lcb, functional_cases, grade_code
+from machinery import lcb
+from machinery.lcb import extract_code_lcb, functional_cases
+from reward import grade_code
 from sandbox import Sandbox
 
 
@@ -89,6 +91,13 @@ def test_lcb_official_grades_on_the_fallback_layers_too():
         assert grade_code(fenced(READ + "print(sum(xs))"), SUM, sandbox=fallback, lcb_grader="official")
 
 
+def test_leetcode_entry_point():
+    assert lcb.leetcode_entry_point("def check(candidate):\n    assert 1\n\n\ncheck(Solution().twoSum)\n") == \
+        "Solution().twoSum"
+    with pytest.raises(ValueError, match="check"):
+        lcb.leetcode_entry_point("def check(candidate):\n    assert 1\n")
+
+
 def test_extract_code_lcb_is_upstreams_last_fence_pair():
     assert extract_code_lcb("a\n```python\nx = 1\n```\nb\n```py\ny = 2\n```") == "y = 2"
     assert extract_code_lcb("```python\nx = 1\n```\nsee ```this``` note\n") == ""  # any line with ``` is a fence
@@ -148,8 +157,8 @@ def f_of(body):
     (check("assert candidate(x = 1) == 1"), "import numpy as np\nreturn np.int64(1)", "return '1'"),
 ])
 def test_converted_shapes_grade_right_and_wrong(src, right, wrong, sb):
-    assert reward.run_check_tests(f_of(right), src, sb)
-    assert not reward.run_check_tests(f_of(wrong), src, sb)
+    assert lcb.run_check_tests(f_of(right), src, sb)
+    assert not lcb.run_check_tests(f_of(wrong), src, sb)
 
 
 @pytest.mark.parametrize("src, what", [
@@ -160,7 +169,7 @@ def test_converted_shapes_grade_right_and_wrong(src, right, wrong, sb):
     ("import os\ndef check(candidate):\n    assert candidate() == 1\n\n\ncheck(Solution().f)\n", "nothing else"),
 ])
 def test_unconvertible_checks_are_errors_never_run(src, what, sb):
-    with pytest.raises(reward.UnsupportedCheck, match=what):
+    with pytest.raises(lcb.UnsupportedCheck, match=what):
         grade_code(fenced(f_of("return 1")), {"functional": src}, sandbox=sb)
 
 
@@ -248,7 +257,7 @@ def test_graded_code_cannot_read_the_benchmark_files(sb):
     import eval as ev
     if "bwrap" not in sb.layers:
         # without bwrap nothing can be hidden: the modules must say so plainly
-        assert "answers included" in reward.__doc__ and "readable" in ev.__doc__
+        assert "answers included" in lcb.__doc__ and "readable" in ev.__doc__
         pytest.skip("bubblewrap is not available here")
     tests = [{"input": "", "output": "secret-answer-31337"}]
     cheat_for = lambda path: fenced(f"print(open({str(path)!r}).read())")  # noqa: E731
