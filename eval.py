@@ -30,7 +30,7 @@ from pathlib import Path
 
 import config
 import reward
-from data.benchmarks import jsonl_rows, load_aime, load_gpqa, load_lcb
+from data.benchmarks import load_aime, load_gpqa, load_lcb, read_records, write_records
 from data.problems import DataError, Problem
 
 REPO_ROOT = Path(__file__).resolve().parent
@@ -104,7 +104,7 @@ def build(args: config.Eval):
 
 def generate(args: config.Eval, problems: list[Problem]) -> list[dict]:
     """Sample each benchmark's n trajectories per problem with the training rollout and grade them
-    (rollout.rollout_and_grade, grade_record); one record per sample (write_records' fields)."""
+    (rollout.rollout_and_grade, grade_record); one record per sample (data/benchmarks.py: RECORD_FIELDS)."""
     import asyncio
     import contextlib
 
@@ -271,60 +271,11 @@ def format_tables(summary: dict) -> str:
     return "\n".join(lines)
 
 
-# ------------------------------------------------------------------- records on disk: one line per sampled response
-# benchmark, problem_id (LiveCodeBench: question_id), sample_idx (0..n-1), response (the final assistant text, what
-# is graded), pred (what the grader extracted: boxed answer, letter or code), gold (null for lcb: its tests are
-# re-read by problem_id), correct, num_tool_calls, num_tool_errors (calls whose execution failed), saar (test-time
-# SAAR on), meta (free: finish reason, lengths, ...)
-_REQUIRED = {"benchmark": str, "problem_id": str, "sample_idx": int, "response": str,
-             "num_tool_calls": int, "num_tool_errors": int, "saar": bool}
-_FIELDS = ("benchmark", "problem_id", "sample_idx", "response", "pred", "gold", "correct",
-           "num_tool_calls", "num_tool_errors", "saar", "meta")
-
-
-def read_records(path: str | Path) -> list[dict]:
-    """Read a responses JSONL, checking every line against the fields above."""
-    path = Path(path)
-    if not path.is_file():
-        raise EvalError(f"responses file not found: {path}")
-    records, seen = [], {}
-    for where, rec in jsonl_rows(path):
-        if not isinstance(rec, dict):
-            raise EvalError(f"{where}: expected a JSON object, got {type(rec).__name__}")
-        for key, typ in _REQUIRED.items():
-            if key not in rec:
-                raise EvalError(f"{where}: missing field {key!r}")
-            if not isinstance(rec[key], typ) or (typ is not bool and isinstance(rec[key], bool)):
-                raise EvalError(f"{where}: field {key!r} must be {typ.__name__}, got {type(rec[key]).__name__}")
-        if rec["benchmark"] not in BENCHMARKS:
-            raise EvalError(f"{where}: unknown benchmark {rec['benchmark']!r}; known: {', '.join(BENCHMARKS)}")
-        if BENCHMARKS[rec["benchmark"]].task != "code" and not isinstance(rec.get("gold"), str):
-            raise EvalError(f"{where}: field 'gold' must be a string for {rec['benchmark']}")
-        if rec["num_tool_calls"] < 0 or not 0 <= rec["num_tool_errors"] <= rec["num_tool_calls"]:
-            raise EvalError(f"{where}: need 0 <= num_tool_errors <= num_tool_calls")
-        key = (rec["benchmark"], rec["problem_id"], rec["sample_idx"], rec["saar"])  # --saar both: two of each
-        if key in seen:
-            raise EvalError(f"{where}: duplicate sample {key} (first at {seen[key]})")
-        seen[key] = where
-        rec.setdefault("meta", {})
-        records.append(rec)
-    if not records:
-        raise EvalError(f"{path}: no records")
-    return records
-
-
-def write_records(records: list[dict], path: str | Path) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        f.writelines(json.dumps({k: rec.get(k) for k in _FIELDS}, ensure_ascii=False) + "\n" for rec in records)
-
-
 # ------------------------------------------------------------------- entry points
 
 def score(b: config.Bench) -> dict:
     """--score: re-grade a saved JSONL and print its tables."""
-    records, problems = read_records(b.score), {}
+    records, problems = read_records(b.score, {name: bench.task for name, bench in BENCHMARKS.items()}), {}
     for name, bench in BENCHMARKS.items():  # code benchmarks: the tests are re-read by problem id
         ids = {r["problem_id"] for r in records if r["benchmark"] == name}
         if not ids or bench.reload is None:

@@ -8,8 +8,8 @@ and reports AIME24/25, GPQA-Diamond and LiveCodeBench-v6 accuracy. This module d
   answer by math-verify, `verify(parse("$gold$"), parse("$pred$"))`, gold first. Exact/numeric
   matches are settled here without math-verify (training grades hundreds of responses a step).
   Departures from the official code (verl's `math_dapo`, a string normaliser): math-verify decides
-  symbolic equality, and it runs in a persistent worker process with a per-comparison timeout, because
-  its own timeouts use signal.alarm, which breaks in threads. A timed-out comparison counts as wrong.
+  symbolic equality, in worker processes with a per-comparison timeout (machinery/mathverify.py). A
+  timed-out comparison counts as wrong.
   `--math-grader strict-box` is the official training reward instead (grade_math_strict_box).
 - gpqa: the letter in the last `\\boxed{}` (`\\text{}` stripped), else the last `Answer: X` line.
 - code: the final fenced python block (with `--lcb-grader official`, on LiveCodeBench-shaped tests,
@@ -21,23 +21,12 @@ and reports AIME24/25, GPQA-Diamond and LiveCodeBench-v6 accuracy. This module d
 from __future__ import annotations
 
 import atexit
-import json
-import os
-import queue
 import re
-import select
-import subprocess
-import sys
-import threading
-import time
 from fractions import Fraction
-from pathlib import Path
 from typing import NamedTuple, get_args
 
 import config
-from machinery import lcb
-
-REPO_ROOT = Path(__file__).resolve().parent
+from machinery import lcb, mathverify
 
 # ---------------------------------------------------------------------------------------------------
 # Answer extraction
@@ -133,112 +122,6 @@ def answer_key(pred: str) -> str:
     return str(v) if v is not None else _squash(pred)
 
 
-class _MathVerifyWorker:
-    """One persistent `python` child that runs math-verify; a comparison that outlives its timeout
-    kills the child (a fresh one starts on the next call). One request at a time."""
-
-    def __init__(self):
-        self.proc: subprocess.Popen | None = None
-        self.buf = b""
-
-    def _start(self):
-        code = (f"import sys; sys.path.insert(0, {str(REPO_ROOT)!r}); "
-                "import reward; reward._math_worker_main()")
-        self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-        self.buf = b""
-        if self._read_line(timeout_s=300.0) != b"ready":  # importing sympy is slow on a cold cache
-            self.close()
-            raise RuntimeError("reward.py: the math-verify worker failed to start "
-                               "(is math-verify installed? `pip install math-verify==0.9.0`)")
-
-    def _read_line(self, timeout_s: float) -> bytes | None:
-        deadline = time.monotonic() + timeout_s
-        fd = self.proc.stdout.fileno()
-        while b"\n" not in self.buf:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                return None
-            chunk = os.read(fd, 65536)
-            if not chunk:  # the worker died
-                return None
-            self.buf += chunk
-        line, self.buf = self.buf.split(b"\n", 1)
-        return line.strip()
-
-    def close(self):
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-            self.proc = None
-
-    def verify(self, gold: str, pred: str, timeout_s: float) -> bool:
-        if self.proc is None or self.proc.poll() is not None:
-            self._start()
-        try:
-            self.proc.stdin.write((json.dumps({"gold": gold, "pred": pred}) + "\n").encode())
-            self.proc.stdin.flush()
-        except BrokenPipeError:
-            self.close()
-            return False
-        line = self._read_line(timeout_s)
-        if line is None:
-            self.close()
-            return False
-        return line == b"1"
-
-
-def _math_worker_main():
-    """Loop of the worker child: one JSON request a line in, "1" or "0" a line out."""
-    import functools
-    import logging
-    logging.disable(logging.WARNING)  # math-verify warns that its timeouts are off: we bound time outside
-    out = os.fdopen(os.dup(sys.stdout.fileno()), "w")
-    sys.stdout = sys.stderr  # nothing math-verify prints may corrupt the protocol
-    from math_verify import parse, verify
-
-    @functools.lru_cache(maxsize=4096)  # a GRPO group shares its gold, and samples often agree
-    def parsed(s):
-        return parse(f"${s}$", parsing_timeout=None)
-
-    out.write("ready\n")
-    out.flush()
-    for line in sys.stdin:
-        req = json.loads(line)
-        try:
-            ok = bool(verify(parsed(req["gold"]), parsed(req["pred"]), timeout_seconds=None))
-        except Exception:
-            ok = False
-        out.write("1\n" if ok else "0\n")
-        out.flush()
-
-
-# Idle workers; callers in several threads each take one, so grading scales with threads up to
-# _MAX_WORKERS children (each holds its own sympy, ~150 MB).
-_MAX_WORKERS = max(1, min(4, os.cpu_count() or 1))
-_IDLE: "queue.LifoQueue[_MathVerifyWorker]" = queue.LifoQueue()
-_ALL_WORKERS: list[_MathVerifyWorker] = []
-_POOL_LOCK = threading.Lock()
-
-
-def _math_verify(gold: str, pred: str, timeout_s: float) -> bool:
-    with _POOL_LOCK:
-        if _IDLE.empty() and len(_ALL_WORKERS) < _MAX_WORKERS:
-            _ALL_WORKERS.append(_MathVerifyWorker())
-            _IDLE.put(_ALL_WORKERS[-1])
-    worker = _IDLE.get()
-    try:
-        return worker.verify(gold, pred, timeout_s)
-    finally:
-        _IDLE.put(worker)
-
-
-@atexit.register
-def _close_workers():
-    for w in _ALL_WORKERS:
-        w.close()
-
-
 def math_equal(pred: str, gold: str, timeout_s: float = 5.0) -> bool:
     """Is the extracted answer `pred` equivalent to `gold`? Cheap exact checks first, then math-verify."""
     if _squash(pred) == _squash(gold):
@@ -249,7 +132,7 @@ def math_equal(pred: str, gold: str, timeout_s: float = 5.0) -> bool:
             return True
         if p.denominator == 1 and g.denominator == 1:
             return False  # two different integers (every AIME answer): no need to ask math-verify
-    return _math_verify(gold, pred, timeout_s)
+    return mathverify.verify(gold, pred, timeout_s)
 
 
 def grade_math(response: str, gold: str, timeout_s: float = 5.0) -> bool:

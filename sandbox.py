@@ -9,40 +9,11 @@ starting Python with numpy and sympy (docs/speed.md). nanochat's execution.py ha
 job; we keep its plain tone, but not its design (a multiprocessing.Process per call, os functions
 patched to None). Nothing here is copied from it.
 
-This file reads top down: this docstring (what runs where, what each layer stops, what is not
+This file reads top down: this docstring (what a call returns, what each layer stops, what is not
 covered), what a call returns (ExecResult), the API (Sandbox, Session) and the containment policy
-(what is hidden, which syscalls are refused). The machinery, the pool, the zygotes, sessions'
-processes and the child that runs the code, is machinery/zygote.py, the zygote's whole program.
-
-What runs where
-- One zygote per slot: a clean `python -I sandbox.py --zygote`, started with subprocess (never by
-  forking the trainer, which may hold torch threads), that has imported numpy and sympy with one
-  BLAS thread and run a short warm-up. It speaks length-prefixed JSON over its stdin/stdout.
-- `run(code)` (stateless): the code runs in a fresh namespace in a child of the zygote, forked
-  ahead of time (the spare): it has dropped privileges, set up its streams and copied ahead the
-  pages a typical run writes (learnt once by a probe run), and waits for the code (at nice 10, set
-  back to 0 when the code arrives, where the zygote may lower a nice value). The zygote
-  drains stdout/stderr (keeping head and tail), enforces the time limit and the
-  output-flood limit with SIGKILL (`clock="cpu"`: the code's CPU time, read between polls, with the wall
-  clock as a backstop), then kills whatever the code left running, wipes the scratch
-  dir, answers, and forks the next spare while the model generates. Time spent waiting for a free
-  slot does not count.
-- `session()` (stateful, like a Jupyter kernel): the zygote forks a holder process that keeps the
-  namespace; it is the checkpoint. Ahead of each cell the holder forks a runner that gets ready
-  (its output pipes, streams and process group) and waits for the cell, so neither a fork nor any
-  set-up sits between a request and the code. If the cell succeeds the runner becomes the holder
-  and the old one is killed; if it fails the runner is killed and the holder is untouched, so a
-  failed, timed-out or crashed cell leaves the state as it was. Every page a cell writes is copied
-  first (copy-on-write): for a sympy solve that costs as much as the solve. So each runner lists
-  the pages its cell wrote, and the next one copies them in bulk while the model generates
-  (`_copy_ahead`). All of this happens after the cell's answer is sent. Waiting session processes
-  run at nice 10 and a cell at 0 (when the zygote may lower a nice value), so the preparation of
-  one session yields to the cells of others.
-  `session(rollback=False)` keeps what a cell did before it raised (Jupyter-style); a timeout or a
-  crash still rolls back, since the process that held those effects is gone. Idle holders stop
-  themselves, so threads of idle sessions do not run. Session cells are named `<cell N>` in
-  tracebacks and echo the value of a final expression like Jupyter; stateless runs are scripts unless
-  `run(..., echo=True)` (the official CLEANER tool echoes it).
+(what is hidden, which syscalls are refused). How code runs, in a pool of zygotes that fork a ready
+child per call and a holder process per session (the checkpoint a failed cell rolls back to), is
+machinery/zygote.py, the zygote's whole program; its docstring says what runs where.
 
 What a call returns
 - An ExecResult: facts, not text. The kind (ERROR_KINDS), the streams (head and tail), the exception's
@@ -67,13 +38,13 @@ What is covered (layers used when available; `Sandbox.layers` lists the active o
   and only the interpreter's own directories are re-exposed, read-only. So are the folders the code
   must not read (`_hidden`: this checkout with its graders, tests and run folders, the problem sets
   beside it, the caches, the caller's `hide=`, and the host's top-level folders but the system's). What the
-  zygote needs from them, a venv and this file, is bound at /run/sandbox (`_placed`) and run from there, so
+  zygote needs from them, a venv and zygote.py, is bound at /run/sandbox (`zygote._placed`) and run from there, so
   that no path the code can find (argv, sys.path, the environment, /proc/self/maps) names the checkout.
 - netns / mountns: without bwrap, root unshares a network namespace (no interfaces up) and a mount
   namespace in which /tmp (scratch_mb, holding the scratch dirs), /var/tmp, /run and /var/crash are
   root-owned tmpfs and /dev/shm a 64 MB tmpfs wiped after every execution; the folders of `_hidden` are
-  empty there too, and what the zygote needs below any of them (the interpreter, a venv, this file) is
-  bound back read-only, as under bwrap; then the zygote runs itself again from /run/sandbox (`_enter_placed`).
+  empty there too, and what the zygote needs below any of them (the interpreter, a venv, zygote.py) is
+  bound back read-only, as under bwrap; then the zygote runs itself again from /run/sandbox (`zygote._enter_placed`).
 - hidepid: with bwrap or mountns, /proc is a new instance with hidepid=invisible: the code sees only
   the processes of its own uid (its own run or session), not the trainer's, the zygote's or another
   session's, nor their command lines.

@@ -32,19 +32,15 @@ several epochs on 3K conversations) is not reproduced; this is a CPU-sized warm-
 
     python sft.py                                   # SmolLM2-135M on 128 generated conversations
     python sft.py --data ra_sft.jsonl --model Qwen/Qwen3-4B-Instruct-2507 --tool_format hermes
-train.py calls `warm_start(model, tool_format=..., seed=..., **the run's settings that shape it)`, which caches it.
+train.py calls machinery/warmstart.py's `warm_start`, which runs this once per model and settings and caches it.
 """
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import hashlib
 import json
 import math
 import os
 import random
-import re
-import shutil
 import sys
 import time
 import typing
@@ -57,8 +53,9 @@ import grpo
 import rollout
 import tools
 from data import synth
-from data.models import cache_dir, load_model, load_tokenizer
-from machinery import packing
+from data.benchmarks import jsonl_rows
+from data.models import load_model, load_tokenizer
+from machinery import checkpoint, packing
 
 
 Args = config.SftArgs  # model and seed (config.Common), the cold start's own settings (config.Sft)
@@ -196,93 +193,18 @@ def encode_conversation(tokenizer, messages: list[dict], *, tool_format: str, to
     return ids, mask
 
 
-# Broken first calls for --fix-fraction: each edit gives a real error (NameError, SyntaxError) in the sandbox.
-_BREAKS = (
-    lambda c: re.sub(r"^(from \S+ )?import [^\n]*\n", "", c, count=1, flags=re.M),  # a dropped import
-    lambda c: c.replace("print(", "pirnt(", 1),                                     # a misspelt name
-    lambda c: c.replace(":\n", "\n", 1),                                             # a missing colon
-    lambda c: c.rstrip("\n")[:-1] + "\n",                                            # an unclosed bracket
-)
-_FIX_LEADS = ("The code failed with {err}. Here is the corrected version.", "That raised {err}; I'll fix it and run it "
-              "again.", "{err}: the code has a mistake. Fixed:", "I'll correct the {err} and run it again.")
-
-
-def synth_conversations(n: int, seed: int, tool_format: str, fix_fraction: float = 0.0) -> list[dict]:
-    """Generated warm-up conversations with the rollout's user prompt and the tool output as RL shows it.
-
-    With fix_fraction, that share of them first makes a broken call and reads its error exactly as the rollout
-    shows it (the real sandbox's text), then calls again with working code: the paper's cold start teaches the
-    model to retry after an error, and SAAR has nothing to purify in a model that answers instead."""
-    if not 0.0 <= fix_fraction <= 1.0:
-        raise ValueError(f"fix_fraction must be in [0, 1], got {fix_fraction}")
-    convs = synth.make_sft_conversations(n, seed, tool_format=tool_format,
-                                         prompt_fn=lambda p: rollout.make_prompt(p, "math", tool_format))
-    rng = random.Random(f"sft-fix:{seed}")
-    broken = {c["id"] for c in convs if rng.random() < fix_fraction}
-    sandbox = None
-    try:
-        for c in convs:
-            msgs = c["messages"]
-            call = msgs[1]["content"]
-            code = rollout.parse_call(call, tool_format).code
-            # synth strips the trailing newline; the sandbox shows raw stdout, so RL sees "42\n"
-            msgs[2] = {"role": "tool", "content": synth.run_trusted(code)}
-            if c["id"] not in broken:
-                continue
-            if _replace_code(call, code, code, tool_format) != call:
-                raise AssertionError(f"{c['id']}: synth's call turn is no longer plan + blank line + call")
-            if sandbox is None:
-                from sandbox import Sandbox
-                sandbox = Sandbox(slots=1, timeout_s=4.0)
-            for k in rng.sample(range(len(_BREAKS)), len(_BREAKS)):
-                bad = _BREAKS[k](code)
-                res = tools.ToolResult.from_exec(sandbox.run(bad)) if bad != code else None
-                if res is not None and not res.ok:
-                    break
-            else:
-                raise AssertionError(f"{c['id']}: no edit of the reference code fails")
-            lead = rng.choice(_FIX_LEADS).format(err=res.exception_type or "an error")
-            msgs[1:2] = [{"role": "assistant", "content": _replace_code(call, code, bad, tool_format)},
-                         {"role": "tool", "content": res.text},
-                         {"role": "assistant", "content": _replace_code(call, code, code, tool_format, lead=lead)}]
-    finally:
-        if sandbox is not None:
-            sandbox.close()
-    return convs
-
-
-def _replace_code(call: str, code: str, new: str, tool_format: str, lead: str | None = None) -> str:
-    """A call turn of synth's shape with other code (and, given lead, another sentence before it)."""
-    plan, sep, _ = call.partition("\n\n")
-    if tool_format == "markdown":
-        body = f"```python\n{new}```"
-    else:
-        body = "<tool_call>\n" + json.dumps({"name": "code_interpreter", "arguments": {"code": new}},
-                                            ensure_ascii=False) + "\n</tool_call>"
-    return f"{lead if lead is not None else plan}{sep}{body}"
-
-
 def load_conversations(path: str, n: int = 0) -> list[tuple[str, list[dict]]]:
     """Rows of a JSONL file: {"messages": [...]} (or a bare list of messages) -> (file:line, messages)."""
-    p = Path(path)
-    if not p.is_file():
+    if not Path(path).is_file():
         raise FileNotFoundError(f"--data {path}: no such file (use 'synth' for generated conversations)")
     rows = []
-    with p.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-            msgs = row.get("messages") if isinstance(row, dict) else row
-            if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
-                raise ValueError(f"{where}: field 'messages' must be a non-empty list of {{role, content}} objects")
-            rows.append((where, msgs))
-            if n and len(rows) >= n:
-                break
+    for where, row in jsonl_rows(Path(path)):  # a line that is not JSON: a DataError naming it
+        msgs = row.get("messages") if isinstance(row, dict) else row
+        if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
+            raise ValueError(f"{where}: field 'messages' must be a non-empty list of {{role, content}} objects")
+        rows.append((where, msgs))
+        if n and len(rows) >= n:
+            break
     if not rows:
         raise ValueError(f"{path}: no conversations")
     return rows
@@ -292,7 +214,7 @@ def build_dataset(tokenizer, *, data: str, n: int, tool_format: str, tool_output
                   seed: int, fix_fraction: float = 0.0) -> list[tuple[list[int], list[int]]]:
     """Tokenized (ids, mask) pairs; conversations the rollout cannot represent are skipped, with reasons."""
     if data == "synth":
-        rows = [(c["id"], c["messages"]) for c in synth_conversations(n, seed, tool_format, fix_fraction)]
+        rows = [(c["id"], c["messages"]) for c in synth.warmup_conversations(n, seed, tool_format, fix_fraction)]
     else:
         rows = load_conversations(data, n)
     seqs, problems, too_long = [], [], 0
@@ -390,25 +312,6 @@ def train(model, seqs: list[tuple[list[int], list[int]]], *, epochs: int, lr: fl
     return stats
 
 
-def save_model(model, tokenizer, path: str | os.PathLike, meta: dict) -> str:
-    """save_pretrained into a temp folder (with a marker file), then rename it into place."""
-    final = Path(path)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    (tmp / MARKER).write_text(json.dumps(meta, indent=1))
-    old = None
-    if final.exists():
-        old = final.parent / f".{final.name}.old-{os.getpid()}"
-        os.replace(final, old)
-    os.replace(tmp, final)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-    return str(final)
-
-
 # --------------------------------------------------------------------------- evaluation
 
 def _last_line(s: str) -> str:
@@ -497,7 +400,7 @@ def run(args: Args) -> dict:
                 conversations=len(seqs), data=args.sft.data, train_s=summary["train_s"],
                 first_loss=summary["first_loss"], last_loss=summary["last_loss"], created=time.time(), pid=os.getpid(),
                 args=config.flat(args))
-    summary["saved"] = save_model(model, tok, save, meta)
+    summary["saved"] = checkpoint.save_model(model, tok, save, {MARKER: json.dumps(meta, indent=1)})
     print(f"[sft] trained {len(stats)} steps in {summary['train_s']:.0f} s (loss {summary['first_loss']:.3f} -> "
           f"{summary['last_loss']:.3f}); saved {summary['saved']}", file=sys.stderr)
     if args.sft.eval_n:
@@ -510,78 +413,6 @@ def run(args: Args) -> dict:
     if args.sft.out:
         (Path(args.sft.out) / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
-
-
-# --------------------------------------------------------------------------- cached warm start (train.py)
-
-def _is_complete(folder: Path) -> bool:
-    try:
-        meta = json.loads((folder / MARKER).read_text())
-        json.loads((folder / "config.json").read_text())
-        return isinstance(meta, dict) and (folder / "model.safetensors").exists()
-    except (OSError, ValueError):
-        return False
-
-
-# What shapes a warm start besides its settings: the code and the texts that write its conversations (prompts,
-# tool texts, the sandbox's real errors, the generator, the fixes it teaches) and that train it (the recipe's
-# defaults in config.py, packing). Their source is part of the cache key, so that rewording a prompt or an error
-# text builds a new warm start instead of training on the old one.
-SHAPED_BY = ("sft.py", "config.py", "rollout.py", "tools.py", "sandbox.py", "machinery/zygote.py", "saar.py",
-             "machinery/packing.py", "machinery/precision.py", "data/synth.py", "data/models.py")
-
-
-def cache_key(model_name: str, tool_format: str, seed: int, n: int, overrides: dict) -> str:
-    """sha256 of the settings, the source of SHAPED_BY, the base model's files (a local folder or an offline
-    model's built folder; a hub id by name) and the torch and transformers versions."""
-    from importlib import metadata
-
-    from data import models
-    root = Path(__file__).resolve().parent
-    h = hashlib.sha256(json.dumps(dict(tool_format=tool_format, seed=seed, n=n, overrides=overrides),
-                                  sort_keys=True, default=str).encode())
-    for name in SHAPED_BY:
-        h.update(name.encode() + (root / name).read_bytes())
-    folder = Path(models.resolve(model_name))
-    if folder.is_dir():
-        models.hash_files(h, folder, skip=(MARKER,))  # a warm start's own build record changes with every build
-    else:  # a hub id
-        h.update(model_name.encode())
-    h.update(" ".join(metadata.version(d) for d in ("torch", "transformers")).encode())
-    return h.hexdigest()[:12]
-
-
-def warm_start(model_name: str, *, tool_format: str = "markdown", seed: int = 0, n: int = 128,
-               cache: str | os.PathLike | None = None, **overrides) -> str:
-    """Path of a model fine-tuned by this script for (model, tool_format, seed, n, overrides), trained once on
-    generated warm-up conversations and cached under <cache_dir>/sft/<key>, the key also covering the code and
-    texts that shape it (cache_key).
-
-    overrides are other Args fields (e.g. epochs=1); they are part of the cache key. No evaluation
-    runs here. Two processes racing on one key both train; the first rename wins.
-    """
-    unknown = set(overrides) - {f.name for f in dataclasses.fields(config.Sft)}
-    if unknown:
-        raise TypeError(f"warm_start: unknown Args fields {sorted(unknown)}")
-    p = Path(model_name).expanduser()
-    digest = cache_key(str(p.resolve()) if p.exists() else model_name, tool_format, seed, n, overrides)
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", p.name or model_name)[-40:]
-    final = Path(cache) if cache is not None else cache_dir() / "sft"
-    final = final / f"{slug}-{tool_format}-s{seed}-n{n}-{digest}"
-    if _is_complete(final):
-        print(f"[sft] warm start: using cached {final}", file=sys.stderr)
-        return str(final)
-    if final.exists():
-        print(f"[sft] warm start: {final} is incomplete or stale; retraining", file=sys.stderr)
-        shutil.rmtree(final, ignore_errors=True)
-    print(f"[sft] warm start: no cached model for {model_name} ({tool_format}, seed {seed}, n {n}); "
-          f"fine-tuning once into {final}", file=sys.stderr)
-    kw = dict(eval_n=0, out="") | overrides
-    run(Args(common=config.Common(model=model_name, seed=seed),
-             sft=config.Sft(tool_format=tool_format, n_conversations=n, save=str(final), **kw)))
-    if not _is_complete(final):
-        raise RuntimeError(f"warm start: trained, but {final} is not a complete model folder")
-    return str(final)
 
 
 if __name__ == "__main__":

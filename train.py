@@ -31,15 +31,14 @@ import torch
 import torch.distributed as dist
 
 import config
-from machinery import engine as engine_mod
 import eval as heldout
 import grpo
 import reward
 import rollout
-import sft
 from data import models, problems
 from data.synth import load_problems
-from machinery import checkpoint, evalcache, mismatch, packing, precision
+from machinery import checkpoint, evalcache, mismatch, packing, precision, warmstart
+from machinery import engine as engine_mod
 from sandbox import Sandbox
 
 Args = config.Train
@@ -238,8 +237,8 @@ def build(args: Args, device: str, world: int, log):
     cfg = dataclasses.replace(args.rollout, tool_format=fmt)
     model_path = c.model
     if args.run.warm_start and c.model in models.OFFLINE and fmt != "none":  # cached after once
-        model_path = sft.warm_start(c.model, tool_format=fmt, seed=c.seed, fix_fraction=args.run.warm_start_fix,
-                                    tool_output_chars=cfg.tool_output_chars)
+        model_path = warmstart.warm_start(c.model, tool_format=fmt, seed=c.seed,
+                                          fix_fraction=args.run.warm_start_fix, tool_output_chars=cfg.tool_output_chars)
     tokenizer = models.load_tokenizer(model_path)
     # one process: fp32 weights, the update under torch.autocast in --update-dtype; FSDP2: fp32 masters
     # sharded, compute in --update-dtype, gradients reduced in fp32

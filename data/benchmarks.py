@@ -17,7 +17,8 @@ with metadata.func_name (LeetCode) are graded by calling Solution().<func_name>;
 stdin and write stdout.
 
 eval.py's loaders (load_aime, load_gpqa, load_lcb) read a benchmark's files into these Problems; their errors
-name the file, the row and the eval.py flag to fix.
+name the file, the row and the eval.py flag to fix. eval.py's own records (one line per sampled response) are
+read and written here too (read_records, write_records).
 """
 
 from __future__ import annotations
@@ -263,3 +264,53 @@ def jsonl_rows(path: Path):
                 yield f"{path}:{lineno}", json.loads(line)
             except json.JSONDecodeError as e:
                 raise DataError(f"{path}:{lineno}: malformed JSON line ({e.msg} at column {e.colno})") from None
+
+
+# ------------------------------------------------------------------- eval.py's records: one line per sampled response
+# benchmark, problem_id (LiveCodeBench: question_id), sample_idx (0..n-1), response (the final assistant text, what
+# is graded), pred (what the grader extracted: boxed answer, letter or code), gold (null for lcb: its tests are
+# re-read by problem_id), correct, num_tool_calls, num_tool_errors (calls whose execution failed), saar (test-time
+# SAAR on), meta (free: finish reason, lengths, ...)
+_REQUIRED = {"benchmark": str, "problem_id": str, "sample_idx": int, "response": str,
+             "num_tool_calls": int, "num_tool_errors": int, "saar": bool}
+RECORD_FIELDS = ("benchmark", "problem_id", "sample_idx", "response", "pred", "gold", "correct",
+                 "num_tool_calls", "num_tool_errors", "saar", "meta")
+
+
+def read_records(path: str | Path, tasks: dict[str, str]) -> list[dict]:
+    """Read a responses JSONL, checking every line against the fields above; tasks: each benchmark's grader."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"responses file not found: {path}")
+    records, seen = [], {}
+    for where, rec in jsonl_rows(path):
+        if not isinstance(rec, dict):
+            raise DataError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+        for key, typ in _REQUIRED.items():
+            if key not in rec:
+                raise DataError(f"{where}: missing field {key!r}")
+            if not isinstance(rec[key], typ) or (typ is not bool and isinstance(rec[key], bool)):
+                raise DataError(f"{where}: field {key!r} must be {typ.__name__}, got {type(rec[key]).__name__}")
+        if rec["benchmark"] not in tasks:
+            raise DataError(f"{where}: unknown benchmark {rec['benchmark']!r}; known: {', '.join(tasks)}")
+        if tasks[rec["benchmark"]] != "code" and not isinstance(rec.get("gold"), str):
+            raise DataError(f"{where}: field 'gold' must be a string for {rec['benchmark']}")
+        if rec["num_tool_calls"] < 0 or not 0 <= rec["num_tool_errors"] <= rec["num_tool_calls"]:
+            raise DataError(f"{where}: need 0 <= num_tool_errors <= num_tool_calls")
+        key = (rec["benchmark"], rec["problem_id"], rec["sample_idx"], rec["saar"])  # --saar both: two of each
+        if key in seen:
+            raise DataError(f"{where}: duplicate sample {key} (first at {seen[key]})")
+        seen[key] = where
+        rec.setdefault("meta", {})
+        records.append(rec)
+    if not records:
+        raise DataError(f"{path}: no records")
+    return records
+
+
+def write_records(records: list[dict], path: str | Path) -> None:
+    """The records, RECORD_FIELDS of each, as JSONL (the folder made if need be)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps({k: rec.get(k) for k in RECORD_FIELDS}, ensure_ascii=False) + "\n" for rec in records)

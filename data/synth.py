@@ -15,6 +15,9 @@ cents, Collatz step counts, and counting integers coprime to m.
   conversation (user -> assistant with code -> tool output -> assistant with \\boxed{N}). The tool
   output is real: the code is ours and trusted, so it is exec'd in-process and checked against the
   answer. This stands in for the paper's cold-start SFT data (Open-AgentRL-SFT-3K).
+- `warmup_conversations(n, seed, tool_format, fix_fraction)`: sft.py's data, those conversations with the
+  rollout's prompt and the tool output as RL shows it; a share of them first makes a broken call and
+  fixes it after reading the real sandbox's error.
 
 Answers are computed by fast direct methods (segmented sieve, matrix power, inclusion-exclusion);
 each problem also carries `meta["reference_code"]`, a plain program that prints the answer.
@@ -26,6 +29,7 @@ import contextlib
 import io
 import json
 import random
+import re
 from math import isqrt, log10
 from typing import Callable
 
@@ -493,6 +497,75 @@ def make_sft_conversations(n: int, seed: int, tool_format: str = "markdown",
         ]
         out.append({"id": p.id, "answer": p.answer, "messages": messages})
     return out
+
+
+# Broken first calls for --fix-fraction: each edit gives a real error (NameError, SyntaxError) in the sandbox.
+_BREAKS = (
+    lambda c: re.sub(r"^(from \S+ )?import [^\n]*\n", "", c, count=1, flags=re.M),  # a dropped import
+    lambda c: c.replace("print(", "pirnt(", 1),                                     # a misspelt name
+    lambda c: c.replace(":\n", "\n", 1),                                             # a missing colon
+    lambda c: c.rstrip("\n")[:-1] + "\n",                                            # an unclosed bracket
+)
+_FIX_LEADS = ("The code failed with {err}. Here is the corrected version.", "That raised {err}; I'll fix it and run it "
+              "again.", "{err}: the code has a mistake. Fixed:", "I'll correct the {err} and run it again.")
+
+
+def warmup_conversations(n: int, seed: int, tool_format: str, fix_fraction: float = 0.0) -> list[dict]:
+    """Generated warm-up conversations with the rollout's user prompt and the tool output as RL shows it.
+
+    With fix_fraction, that share of them first makes a broken call and reads its error exactly as the rollout
+    shows it (the real sandbox's text), then calls again with working code: the paper's cold start teaches the
+    model to retry after an error, and SAAR has nothing to purify in a model that answers instead."""
+    if not 0.0 <= fix_fraction <= 1.0:
+        raise ValueError(f"fix_fraction must be in [0, 1], got {fix_fraction}")
+    import rollout  # the trainer's own modules: the prompt, the call's parser, the sandbox's text
+    import tools
+    from sandbox import Sandbox
+    convs = make_sft_conversations(n, seed, tool_format=tool_format,
+                                   prompt_fn=lambda p: rollout.make_prompt(p, "math", tool_format))
+    rng = random.Random(f"sft-fix:{seed}")
+    broken = {c["id"] for c in convs if rng.random() < fix_fraction}
+    sandbox = None
+    try:
+        for c in convs:
+            msgs = c["messages"]
+            call = msgs[1]["content"]
+            code = rollout.parse_call(call, tool_format).code
+            # make_sft_conversations strips the trailing newline; the sandbox shows raw stdout, so RL sees "42\n"
+            msgs[2] = {"role": "tool", "content": run_trusted(code)}
+            if c["id"] not in broken:
+                continue
+            if _replace_code(call, code, code, tool_format) != call:
+                raise AssertionError(f"{c['id']}: synth's call turn is no longer plan + blank line + call")
+            if sandbox is None:
+                sandbox = Sandbox(slots=1, timeout_s=4.0)
+            for k in rng.sample(range(len(_BREAKS)), len(_BREAKS)):
+                bad = _BREAKS[k](code)
+                res = tools.ToolResult.from_exec(sandbox.run(bad)) if bad != code else None
+                if res is not None and not res.ok:
+                    break
+            else:
+                raise AssertionError(f"{c['id']}: no edit of the reference code fails")
+            lead = rng.choice(_FIX_LEADS).format(err=res.exception_type or "an error")
+            msgs[1:2] = [{"role": "assistant", "content": _replace_code(call, code, bad, tool_format)},
+                         {"role": "tool", "content": res.text},
+                         {"role": "assistant", "content": _replace_code(call, code, code, tool_format, lead=lead)}]
+    finally:
+        if sandbox is not None:
+            sandbox.close()
+    return convs
+
+
+def _replace_code(call: str, code: str, new: str, tool_format: str, lead: str | None = None) -> str:
+    """A call turn of synth's shape with other code (and, given lead, another sentence before it)."""
+    plan, sep, _ = call.partition("\n\n")
+    if tool_format == "markdown":
+        body = f"```python\n{new}```"
+    else:
+        body = "<tool_call>\n" + json.dumps({"name": "code_interpreter", "arguments": {"code": new}},
+                                            ensure_ascii=False) + "\n</tool_call>"
+    return f"{lead if lead is not None else plan}{sep}{body}"
+
 
 
 def load_problems(spec: str, *, seed: int, n: int | None) -> list[Problem]:

@@ -13,10 +13,12 @@ import dataclasses
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -129,6 +131,27 @@ def save_hf(path: str, model, tokenizer, master: bool, lora_scale: float = 0.0) 
     if master:
         model.save_pretrained(path, state_dict=sd)
         tokenizer.save_pretrained(path)
+
+
+def save_model(model, tokenizer, path: str | os.PathLike, files: dict[str, str]) -> str:
+    """save_pretrained, and files (name: text), into a temp folder, then renamed into place: a reader never
+    sees half a model (sft.py's, the warm start's)."""
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    for name, text in files.items():
+        (tmp / name).write_text(text)
+    old = None
+    if final.exists():
+        old = final.parent / f".{final.name}.old-{os.getpid()}"
+        os.replace(final, old)
+    os.replace(tmp, final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return str(final)
 
 
 def metric_writer(out: str, args: Args):

@@ -61,7 +61,7 @@ def key(args, model_path: str, templates: dict | None = None) -> str | None:
     import sft
     import tools
     from data import models, problems, synth
-    from machinery import engine, lcb, zygote
+    from machinery import engine, lcb, mathverify, zygote
     folder = Path(models.resolve(model_path))  # an offline model's name: its built folder
     if not folder.is_dir():
         return None
@@ -71,7 +71,7 @@ def key(args, model_path: str, templates: dict | None = None) -> str | None:
     fields = {k: v for k, v in config.flat(args).items() if k not in NOT_IN_EVAL}
     fields["templates"] = templates  # the wording --prompt-template loaded, not its path
     h.update(json.dumps(fields, sort_keys=True).encode())
-    for mod in (engine, reward, lcb, rollout, saar, sandbox, zygote, tools, models, problems, synth):
+    for mod in (engine, reward, lcb, mathverify, rollout, saar, sandbox, zygote, tools, models, problems, synth):
         h.update(inspect.getsource(mod).encode())
     h.update(inspect.getsource(heldout.held_out).encode())
     h.update(" ".join(metadata.version(d) for d in ("torch", "transformers")).encode())

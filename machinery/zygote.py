@@ -1,9 +1,39 @@
 """sandbox.py's machinery: the pool of zygotes behind a Sandbox (the trainer's side), and the zygote itself.
 
-sandbox.py says what runs where and what each layer stops; this file is how. It is also the zygote's program:
+sandbox.py says what a call returns and what each layer stops; this file is how. It is also the zygote's program:
 `python -I -B zygote.py --zygote` imports nothing of the project but this file, and reads everything else it
 needs (the folders to hide, the syscalls to refuse, the limits) from the config the pool sends it first.
 Nothing of the paper is here: CLEANER's code interpreter is sandbox.py's API.
+
+What runs where
+- One zygote per slot: a clean `python -I -B zygote.py --zygote`, started with subprocess (never by
+  forking the trainer, which may hold torch threads), that has imported numpy and sympy with one
+  BLAS thread and run a short warm-up. It speaks length-prefixed JSON over its stdin/stdout.
+- `run(code)` (stateless): the code runs in a fresh namespace in a child of the zygote, forked
+  ahead of time (the spare): it has dropped privileges, set up its streams and copied ahead the
+  pages a typical run writes (learnt once by a probe run), and waits for the code (at nice 10, set
+  back to 0 when the code arrives, where the zygote may lower a nice value). The zygote
+  drains stdout/stderr (keeping head and tail), enforces the time limit and the
+  output-flood limit with SIGKILL (`clock="cpu"`: the code's CPU time, read between polls, with the wall
+  clock as a backstop), then kills whatever the code left running, wipes the scratch
+  dir, answers, and forks the next spare while the model generates. Time spent waiting for a free
+  slot does not count.
+- `session()` (stateful, like a Jupyter kernel): the zygote forks a holder process that keeps the
+  namespace; it is the checkpoint. Ahead of each cell the holder forks a runner that gets ready
+  (its output pipes, streams and process group) and waits for the cell, so neither a fork nor any
+  set-up sits between a request and the code. If the cell succeeds the runner becomes the holder
+  and the old one is killed; if it fails the runner is killed and the holder is untouched, so a
+  failed, timed-out or crashed cell leaves the state as it was. Every page a cell writes is copied
+  first (copy-on-write): for a sympy solve that costs as much as the solve. So each runner lists
+  the pages its cell wrote, and the next one copies them in bulk while the model generates
+  (`_copy_ahead`). All of this happens after the cell's answer is sent. Waiting session processes
+  run at nice 10 and a cell at 0 (when the zygote may lower a nice value), so the preparation of
+  one session yields to the cells of others.
+  `session(rollback=False)` keeps what a cell did before it raised (Jupyter-style); a timeout or a
+  crash still rolls back, since the process that held those effects is gone. Idle holders stop
+  themselves, so threads of idle sessions do not run. Session cells are named `<cell N>` in
+  tracebacks and echo the value of a final expression like Jupyter; stateless runs are scripts unless
+  `run(..., echo=True)` (the official CLEANER tool echoes it).
 """
 import ast
 import ctypes

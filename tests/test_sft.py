@@ -11,6 +11,7 @@ import rollout
 import tools
 import sft
 from data import synth
+from machinery import warmstart
 from data.models import load_model, load_tokenizer
 from fakes import ScriptedEngine
 from sandbox import Sandbox
@@ -45,7 +46,7 @@ def segments(ids, mask):
 @pytest.mark.parametrize("name,fmt", [("tiny-qwen3", "hermes"), ("tiny-qwen3", "markdown"), ("tiny-bytes", "markdown")])
 def test_layout_is_the_rollouts_token_for_token(name, fmt, sb):
     tok = tokenizer(name)
-    convs = sft.synth_conversations(3, seed=5, tool_format=fmt)
+    convs = synth.warmup_conversations(3, seed=5, tool_format=fmt)
     problems = synth.make_problems(3, 5, difficulty="warmup")
     for conv, prob in zip(convs, problems):
         ids, mask = sft.encode_conversation(tok, conv["messages"], tool_format=fmt)
@@ -82,7 +83,7 @@ def test_fix_conversations_read_the_real_error_then_call_again(fmt, sb):
     """--fix-fraction 1: every conversation breaks its first call, reads the sandbox's own error text and calls
     again with working code; a rollout (SAAR off) whose model samples the masked turns builds the same tokens."""
     tok = tokenizer("tiny-qwen3")
-    convs = sft.synth_conversations(6, seed=5, tool_format=fmt, fix_fraction=1.0)
+    convs = synth.warmup_conversations(6, seed=5, tool_format=fmt, fix_fraction=1.0)
     problems = synth.make_problems(6, 5, difficulty="warmup")
     errors = set()
     for conv, prob in zip(convs, problems):
@@ -96,11 +97,11 @@ def test_fix_conversations_read_the_real_error_then_call_again(fmt, sb):
         assert traj.turns[1]["output"].strip() == prob.answer
         errors.add(conv["messages"][2]["content"].strip().splitlines()[-1].split(":")[0])
     assert errors & {"NameError", "SyntaxError"}, errors
-    plain = sft.synth_conversations(6, seed=5, tool_format=fmt)
-    assert plain == sft.synth_conversations(6, seed=5, tool_format=fmt, fix_fraction=0.0)
+    plain = synth.warmup_conversations(6, seed=5, tool_format=fmt)
+    assert plain == synth.warmup_conversations(6, seed=5, tool_format=fmt, fix_fraction=0.0)
     assert [c["messages"][-1] for c in plain] == [c["messages"][-1] for c in convs]
     with pytest.raises(ValueError, match="fix_fraction"):
-        sft.synth_conversations(2, seed=5, tool_format=fmt, fix_fraction=1.5)
+        synth.warmup_conversations(2, seed=5, tool_format=fmt, fix_fraction=1.5)
 
 
 def test_openai_messages_with_tool_calls(tmp_path):
@@ -174,7 +175,7 @@ def test_unrepresentable_conversations_name_the_problem(msgs, err):
 def test_bad_jsonl_names_file_and_line(tmp_path):
     p = tmp_path / "x.jsonl"
     p.write_text(json.dumps({"messages": [{"role": "user", "content": "q"}]}) + "\n{not json\n")
-    with pytest.raises(ValueError, match=r"x\.jsonl:2: not valid JSON"):
+    with pytest.raises(ValueError, match=r"x\.jsonl:2: malformed JSON line"):
         sft.load_conversations(str(p))
     p.write_text(json.dumps({"messages": "hello"}) + "\n")
     with pytest.raises(ValueError, match=r"x\.jsonl:1: field 'messages'"):
@@ -204,7 +205,7 @@ def test_packing_and_training_reduce_the_loss():
 
 def test_warm_start_trains_once_saves_a_loadable_model_and_reuses_it(tmp_path):
     kw = dict(tool_format="markdown", seed=0, n=1, cache=tmp_path, micro_tokens=1024, train_layers=0)
-    path = sft.warm_start("tiny-bytes", **kw)
+    path = warmstart.warm_start("tiny-bytes", **kw)
     marker = json.loads((Path(path) / sft.MARKER).read_text())
     assert marker["base_model"] == "tiny-bytes" and marker["conversations"] == 1
     model, tok = load_model(path), load_tokenizer(path)
@@ -213,16 +214,16 @@ def test_warm_start_trains_once_saves_a_loadable_model_and_reuses_it(tmp_path):
     assert any(not torch.equal(a, b) for a, b in zip(model.state_dict().values(), base.state_dict().values()))
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp folders left behind
 
-    assert sft.warm_start("tiny-bytes", **kw) == path
+    assert warmstart.warm_start("tiny-bytes", **kw) == path
     assert json.loads((Path(path) / sft.MARKER).read_text())["created"] == marker["created"]  # not retrained
-    assert sft.warm_start("tiny-bytes", **(kw | {"seed": 1})) != path  # another key, another model
+    assert warmstart.warm_start("tiny-bytes", **(kw | {"seed": 1})) != path  # another key, another model
 
     # a folder whose marker is unreadable (a killed build, a damaged file) is retrained
     (Path(path) / sft.MARKER).write_text("{")
-    assert sft.warm_start("tiny-bytes", **kw) == path
+    assert warmstart.warm_start("tiny-bytes", **kw) == path
     assert json.loads((Path(path) / sft.MARKER).read_text())["created"] > marker["created"]
     with pytest.raises(TypeError, match="unknown Args fields"):
-        sft.warm_start("tiny-bytes", cache=tmp_path, learning_rate=1.0)
+        warmstart.warm_start("tiny-bytes", cache=tmp_path, learning_rate=1.0)
 
 
 def test_parse_args_from_the_dataclass():
@@ -272,7 +273,7 @@ def test_rewording_a_prompt_or_an_error_text_builds_a_new_warm_start(tmp_path):
                                                                  "docs", "bench", "scripts"))
 
     def key() -> str:
-        code = "import sft; print(sft.cache_key('tiny-bytes', 'markdown', 0, 1, {}))"
+        code = "from machinery import warmstart; print(warmstart.cache_key('tiny-bytes', 'markdown', 0, 1, {}))"
         return subprocess.run([sys.executable, "-c", code], cwd=copy, capture_output=True, text=True,
                               check=True).stdout.strip()
 
@@ -287,4 +288,4 @@ def test_rewording_a_prompt_or_an_error_text_builds_a_new_warm_start(tmp_path):
     assert second != first
     reword("tools.py", "the code ran longer than the", "your code took longer than the")
     assert key() not in (first, second)
-    assert sft.cache_key("tiny-bytes", "markdown", 0, 1, {}) == first  # the checkout itself: the copy's first key
+    assert warmstart.cache_key("tiny-bytes", "markdown", 0, 1, {}) == first  # the checkout itself: the copy's first key
