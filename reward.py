@@ -262,6 +262,8 @@ def grade_code(response: str, tests, sandbox=None, per_test_s: float = 6.0, tota
     if lcb_grader not in LCB_GRADERS:
         raise ValueError(f"unknown lcb_grader {lcb_grader!r}; choose one of {LCB_GRADERS}")
     code = graded_code(response, tests, lcb_grader)
+    if sandbox is None:
+        lcb.shape(tests)  # malformed tests raise before the default sandbox starts
     return lcb.passes(code, tests, _get_sandbox(sandbox), per_test_s, total_s, official=lcb_grader == "official")
 
 

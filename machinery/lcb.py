@@ -992,6 +992,22 @@ def is_check(tests) -> bool:
     return isinstance(tests, dict) and set(tests) == {"functional"}
 
 
+def shape(tests) -> str:
+    """"check", "call" or "stdin": which of the shapes (module docstring) `tests` has; anything else, or a LeetCode
+    check that cannot be converted, raises ValueError."""
+    if is_check(tests):
+        functional_cases(tests["functional"])
+        return "check"
+    if isinstance(tests, dict) and set(tests) == {"call", "cases"} and bool(tests["cases"]):
+        return "call"
+    if isinstance(tests, list) and bool(tests) and all(isinstance(t, dict) and {"input", "output"} <= set(t)
+                                                       for t in tests):
+        return "stdin"
+    found = sorted(tests) if isinstance(tests, dict) else type(tests).__name__
+    raise ValueError(f"unknown code tests shape {found}: expected {{'functional': src}}, "
+                     "{'call': name, 'cases': [...]} (cases non-empty) or a non-empty list of {'input', 'output'}")
+
+
 def passes(code: str | None, tests, sandbox, per_test_s: float = 6.0, total_s: float | None = None,
            official: bool = False) -> bool:
     """True iff `code` passes every test (shapes: module docstring); None (no code) passes nothing, but the
@@ -999,18 +1015,11 @@ def passes(code: str | None, tests, sandbox, per_test_s: float = 6.0, total_s: f
     LiveCodeBench-shaped tests by its own harness (run_lcb_official), else each test in a fresh process;
     LeetCode checks are graded one way. per_test_s, total_s: the time limits (total_s None: LiveCodeBench's
     budget for the problem)."""
-    if is_check(tests):
-        functional_cases(tests["functional"])  # validate before deciding the response is wrong
+    kind = shape(tests)  # validate before deciding the response is wrong
+    if kind == "check":
         return code is not None and run_check_tests(code, tests["functional"], sandbox, timeout_s=per_test_s)
-    lcb_call = isinstance(tests, dict) and set(tests) == {"call", "cases"} and bool(tests["cases"])
-    lcb_stdin = isinstance(tests, list) and bool(tests) and all(isinstance(t, dict) and {"input", "output"} <= set(t)
-                                                                for t in tests)
-    if not (lcb_call or lcb_stdin):
-        shape = sorted(tests) if isinstance(tests, dict) else type(tests).__name__
-        raise ValueError(f"unknown code tests shape {shape}: expected {{'functional': src}}, "
-                         "{'call': name, 'cases': [...]} (cases non-empty) or a non-empty list of {'input', 'output'}")
     if official:
         return run_lcb_official(code, tests, sandbox, per_test_s, total_s)
-    if lcb_call:
+    if kind == "call":
         return code is not None and run_call_tests(code, tests["call"], tests["cases"], sandbox, per_test_s, total_s)
     return code is not None and run_stdio_tests(code, tests, sandbox, per_test_s, total_s)
