@@ -484,11 +484,7 @@ def make_sft_conversations(n: int, seed: int, tool_format: str = "markdown",
         if printed.strip() != p.answer:
             raise AssertionError(f"{p.id}: reference code printed {printed!r}, expected {p.answer}")
         plan = rng.choice(_LEADS) + rng.choice(_PLANS[p.meta["kind"]]).format(**p.meta["params"])
-        if tool_format == "markdown":
-            call = f"{plan}\n\n```python\n{code}```"
-        else:
-            payload = json.dumps({"name": "code_interpreter", "arguments": {"code": code}}, ensure_ascii=False)
-            call = f"{plan}\n\n<tool_call>\n{payload}\n</tool_call>"
+        call = _call_turn(plan, code, tool_format)
         messages = [
             {"role": "user", "content": prompt_fn(p.problem)},
             {"role": "assistant", "content": call},
@@ -535,7 +531,8 @@ def warmup_conversations(n: int, seed: int, tool_format: str, fix_fraction: floa
             msgs[2] = {"role": "tool", "content": run_trusted(code)}
             if c["id"] not in broken:
                 continue
-            if _replace_code(call, code, code, tool_format) != call:
+            plan = call.partition("\n\n")[0]
+            if _call_turn(plan, code, tool_format) != call:
                 raise AssertionError(f"{c['id']}: synth's call turn is no longer plan + blank line + call")
             if sandbox is None:
                 sandbox = Sandbox(slots=1, timeout_s=4.0)
@@ -547,25 +544,21 @@ def warmup_conversations(n: int, seed: int, tool_format: str, fix_fraction: floa
             else:
                 raise AssertionError(f"{c['id']}: no edit of the reference code fails")
             lead = rng.choice(_FIX_LEADS).format(err=res.exception_type or "an error")
-            msgs[1:2] = [{"role": "assistant", "content": _replace_code(call, code, bad, tool_format)},
+            msgs[1:2] = [{"role": "assistant", "content": _call_turn(plan, bad, tool_format)},
                          {"role": "tool", "content": res.text},
-                         {"role": "assistant", "content": _replace_code(call, code, code, tool_format, lead=lead)}]
+                         {"role": "assistant", "content": _call_turn(lead, code, tool_format)}]
     finally:
         if sandbox is not None:
             sandbox.close()
     return convs
 
 
-def _replace_code(call: str, code: str, new: str, tool_format: str, lead: str | None = None) -> str:
-    """A call turn of synth's shape with other code (and, given lead, another sentence before it)."""
-    plan, sep, _ = call.partition("\n\n")
+def _call_turn(plan: str, code: str, tool_format: str) -> str:
+    """An assistant turn of the warm-up's shape: the plan, a blank line, the call (the rollout's stop marks it)."""
     if tool_format == "markdown":
-        body = f"```python\n{new}```"
-    else:
-        body = "<tool_call>\n" + json.dumps({"name": "code_interpreter", "arguments": {"code": new}},
-                                            ensure_ascii=False) + "\n</tool_call>"
-    return f"{lead if lead is not None else plan}{sep}{body}"
-
+        return f"{plan}\n\n```python\n{code}```"
+    payload = json.dumps({"name": "code_interpreter", "arguments": {"code": code}}, ensure_ascii=False)
+    return f"{plan}\n\n<tool_call>\n{payload}\n</tool_call>"
 
 
 def load_problems(spec: str, *, seed: int, n: int | None) -> list[Problem]:

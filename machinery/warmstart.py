@@ -61,7 +61,7 @@ def warm_start(model_name: str, *, tool_format: str = "markdown", seed: int = 0,
     texts that shape it (cache_key).
 
     overrides are other Args fields (e.g. epochs=1); they are part of the cache key. No evaluation
-    runs here. Two processes racing on one key both train; the first rename wins.
+    runs here. Two processes racing on one key both train; the last rename wins (checkpoint.save_model).
     """
     unknown = set(overrides) - {f.name for f in dataclasses.fields(config.Sft)}
     if unknown:
