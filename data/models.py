@@ -15,7 +15,8 @@ offline models that this file builds once and caches:
                 with the real special-token ids and a ChatML template with tools.
   tiny-bytes    a byte-level tokenizer and a tiny random Qwen2, for the fastest tests.
 
-Resolution order: a local path, a hub id (anything with a '/'), then the offline names.
+Resolution order: a local path, a hub id (org/name, where no folder org/ is here), then the offline
+names; any other name with a '/' is a path that does not exist, and says so.
 Cache: $CLEANER_CACHE, else ~/.cache/cleaner. A build goes to a temp folder that is
 renamed into place after a marker file is written, so a killed build never leaves a
 folder that looks complete; a folder that fails to load is rebuilt.
@@ -108,8 +109,10 @@ def resolve(name: str | os.PathLike) -> str:
         return str(p)
     if name in OFFLINE:
         return str(_cached_build(name))
-    if "/" in name:
-        return name  # a hub id; transformers downloads it (and says so clearly when offline)
+    if name.count("/") == 1 and not name.startswith((".", "/", "~")) and not p.parent.is_dir():
+        return name  # a hub id (org/name); transformers downloads it (and says so clearly when offline)
+    if "/" in name:  # a path: more than one part, or a first part that is a folder here
+        raise FileNotFoundError(f"no model folder at {p}")
     raise ValueError(f"unknown model {name!r}: not a local path, not a hub id (org/name), "
                      f"and not one of the offline models {', '.join(OFFLINE)}")
 
@@ -145,24 +148,40 @@ def load_model(name: str, dtype=None, device: str | None = None, attn_implementa
 # --------------------------------------------------------------------------- cache
 
 def _cached_build(name: str) -> Path:
-    final = cache_dir() / "models" / name
-    if _is_complete(final):
+    builder = {"smollm2-135m": _build_smollm2, "tiny-qwen3": _build_tiny_qwen3, "tiny-bytes": _build_tiny_bytes}[name]
+
+    def build(tmp: Path):
+        print(f"[models] building {name} into {cache_dir() / 'models' / name} (once)", file=sys.stderr)
+        tmp.mkdir(parents=True)
+        builder(tmp)
+        (tmp / _MARKER).write_text(json.dumps({"name": name, "version": _BUILD_VERSION}))
+    return built_once(cache_dir() / "models" / name, build, _is_complete)
+
+
+def built_once(final: Path, build, complete) -> Path:
+    """final, a cache folder that build(tmp) writes, built once per machine: the build holds an exclusive lock
+    (flock on a file beside final, released by the kernel when its holder dies), so processes that start at once
+    (torchrun's ranks, two runs) wait for the first builder and then reuse its folder. The build writes a temp
+    folder renamed into place, and a folder that complete() rejects (a killed build's, an older version's) is
+    rebuilt, never trusted."""
+    import fcntl
+    if complete(final):
         return final
-    if final.exists():
-        print(f"[models] cache at {final} is incomplete or stale; rebuilding", file=sys.stderr)
-        shutil.rmtree(final, ignore_errors=True)
-    tmp = final.parent / f".{name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    print(f"[models] building {name} into {final} (once)", file=sys.stderr)
-    {"smollm2-135m": _build_smollm2, "tiny-qwen3": _build_tiny_qwen3, "tiny-bytes": _build_tiny_bytes}[name](tmp)
-    (tmp / _MARKER).write_text(json.dumps({"name": name, "version": _BUILD_VERSION}))
-    try:
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with open(final.parent / f".{final.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if complete(final):  # another process built it while this one waited
+            return final
+        if final.exists():
+            print(f"[cache] {final} is incomplete or stale; rebuilding", file=sys.stderr)
+            shutil.rmtree(final)
+        for dead in final.parent.glob(f".{final.name}.tmp-*"):  # left by killed builds: the lock is ours
+            shutil.rmtree(dead, ignore_errors=True)
+        tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
+        build(tmp)
         os.replace(tmp, final)
-    except OSError:  # another process won the race; use its copy
-        shutil.rmtree(tmp, ignore_errors=True)
-    if not _is_complete(final):
-        raise RuntimeError(f"built {name} but {final} does not load; see the messages above")
+    if not complete(final):
+        raise RuntimeError(f"built {final}, but it is not complete; see the messages above")
     return final
 
 

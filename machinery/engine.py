@@ -590,6 +590,14 @@ def _rotate_half(x):
 SGLANG_VERSION = "0.5.23"  # the release this adapter is written and contract-tested against
 
 
+def require(kind: str) -> None:
+    """Stop at once, before a model loads, when --engine sglang cannot run in this Python."""
+    import importlib.util
+    if kind == "sglang" and importlib.util.find_spec("sglang") is None:
+        raise SystemExit(f"--engine sglang: sglang is not installed in this Python: build its environment with "
+                         f"`bash scripts/sglang_env.sh DIR` and run DIR/bin/python (or append --engine hf)")
+
+
 def build_engine(kind: str, tokenizer, *, model=None, model_path: str | None = None, max_batch: int = 32,
                  deterministic: bool = False, dtype: str = "bfloat16", mem_fraction_static: float = 0.5, seed: int = 0,
                  server_url: str | None = None, device: str = "cuda", lockstep: bool = False):
@@ -706,6 +714,9 @@ class SGLangEngine:
                                  "in torch_native, which it cannot make deterministic (only GPU backends such as fa3, "
                                  "flashinfer and triton can); use --engine hf for bit-exact runs on a CPU")
             os.environ["SGLANG_USE_CPU_ENGINE"] = "1"  # read when sglang is imported, here and in its processes
+            # a GPU is a rank's own, but a CPU's memory is shared by every rank of the machine (torchrun's local
+            # ranks): the share is the machine's, split between them
+            mem_fraction_static /= int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
             engine_kwargs = {"attention_backend": "torch_native", **engine_kwargs}  # the one CPU backend in pure torch
         elif dev.index is not None:  # a torchrun rank's "cuda:<local rank>": its engine on that GPU
             engine_kwargs = {"base_gpu_id": dev.index, **engine_kwargs}
@@ -718,10 +729,17 @@ class SGLangEngine:
             raise ImportError(f"SGLangEngine needs sglang=={SGLANG_VERSION}: build its environment with "
                               f"`bash scripts/sglang_env.sh DIR` and run DIR/bin/python: {e}") from None
         self._shm = _shm_files()
-        self._engine = sglang.Engine(model_path=model_path, dtype=dtype, mem_fraction_static=mem_fraction_static,
-                                     random_seed=seed, tp_size=tp_size, device=dev.type,
-                                     enable_memory_saver=self.frees_memory,
-                                     enable_deterministic_inference=deterministic, **engine_kwargs)
+        # SGLang's scheduler forms a process group of its own; under torchrun this variable would send its
+        # rendezvous to torchrun's agent store, where it waits forever
+        agent_store = os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
+        try:
+            self._engine = sglang.Engine(model_path=model_path, dtype=dtype, mem_fraction_static=mem_fraction_static,
+                                         random_seed=seed, tp_size=tp_size, device=dev.type,
+                                         enable_memory_saver=self.frees_memory,
+                                         enable_deterministic_inference=deterministic, **engine_kwargs)
+        finally:
+            if agent_store is not None:
+                os.environ["TORCHELASTIC_USE_AGENT_STORE"] = agent_store
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="sglang-loop", daemon=True)
         self._thread.start()

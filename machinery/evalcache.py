@@ -30,16 +30,19 @@ NOT_IN_EVAL = {"run_name", "out_dir", "steps", "resume", "faithful", "eval_only"
 RECORDS = "eval_step000000.jsonl"  # the step-0 per-problem records eval.held_out writes in the run folder
 
 
-def cached(args, model_path: str, templates: dict | None, out: str, compute: Callable[[], dict]) -> dict:
+def cached(args, model_path: str, templates: dict | None, out: str | None, compute: Callable[[], dict],
+           agree: Callable[[dict | None], dict | None] = lambda ev: ev) -> dict:
     """The step-0 metrics of this run's evaluation: an earlier run's (with eval_cached=1 and eval_cache_key, its
     per-problem records copied into out/eval_step000000.jsonl), or compute()'s, kept for later runs. args: a
-    config.Train; caching is on with args.data.eval_cache and a model that is a local folder."""
+    config.Train; caching is on with args.data.eval_cache and a model that is a local folder. Under torchrun
+    out is the master's alone (None elsewhere), and agree hands every rank the master's lookup, so that all
+    ranks evaluate together or none does."""
     k = key(args, model_path, templates) if args.data.eval_cache else None
-    ev = _load(k, out) if k is not None else None
+    ev = agree(_load(k, out) if k is not None and out is not None else None)
     if ev is not None:
         return ev
     ev = compute()
-    if k is not None:
+    if k is not None and out is not None:
         _store(k, out, ev)
     return ev
 

@@ -11,7 +11,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -61,7 +60,7 @@ def warm_start(model_name: str, *, tool_format: str = "markdown", seed: int = 0,
     texts that shape it (cache_key).
 
     overrides are other Args fields (e.g. epochs=1); they are part of the cache key. No evaluation
-    runs here. Two processes racing on one key both train; the last rename wins (checkpoint.save_model).
+    runs here. Processes that start at once (torchrun's ranks) train it once and share it (models.built_once).
     """
     unknown = set(overrides) - {f.name for f in dataclasses.fields(config.Sft)}
     if unknown:
@@ -74,14 +73,11 @@ def warm_start(model_name: str, *, tool_format: str = "markdown", seed: int = 0,
     if _is_complete(final):
         print(f"[sft] warm start: using cached {final}", file=sys.stderr)
         return str(final)
-    if final.exists():
-        print(f"[sft] warm start: {final} is incomplete or stale; retraining", file=sys.stderr)
-        shutil.rmtree(final, ignore_errors=True)
-    print(f"[sft] warm start: no cached model for {model_name} ({tool_format}, seed {seed}, n {n}); "
-          f"fine-tuning once into {final}", file=sys.stderr)
-    kw = dict(eval_n=0, out="") | overrides
-    sft.run(sft.Args(common=config.Common(model=model_name, seed=seed),
-                     sft=config.Sft(tool_format=tool_format, n_conversations=n, save=str(final), **kw)))
-    if not _is_complete(final):
-        raise RuntimeError(f"warm start: trained, but {final} is not a complete model folder")
-    return str(final)
+
+    def build(tmp: Path):
+        print(f"[sft] warm start: no cached model for {model_name} ({tool_format}, seed {seed}, n {n}); "
+              f"fine-tuning once into {final}", file=sys.stderr)
+        kw = dict(eval_n=0, out="") | overrides
+        sft.run(sft.Args(common=config.Common(model=model_name, seed=seed),
+                         sft=config.Sft(tool_format=tool_format, n_conversations=n, save=str(tmp), **kw)))
+    return str(models.built_once(final, build, _is_complete))

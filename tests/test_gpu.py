@@ -272,3 +272,19 @@ def test_train_two_steps_on_cuda(model_name, tmp_path, dtype):
     assert [x["step"] for x in m] == [1, 2]
     assert all(math.isfinite(x["loss"]) and x["resp_len"] > 0 for x in m), m
     assert (tmp_path / "gpu" / "hf" / "model.safetensors").exists()
+
+
+def test_paper_script_in_miniature_on_one_gpu(model_name, tmp_path):
+    """scripts/qwen3_4b_cleaner.sh unchanged, its GPU settings kept (float16, gradient checkpointing), on one GPU
+    with the HF engine (SGLang is not installable on a GPU machine without a package registry)."""
+    flags = ["--engine", "hf", "--model", model_name, "--no-warm-start", "--train-data", "synth", "--eval-size", "0",
+             "--steps", "2", "--prompts-per-step", "2", "--mini-batch-prompts", "2", "--samples-per-prompt", "2",
+             "--max-response-tokens", "64", "--max-turns", "2", "--out-dir", str(tmp_path), "--run-name", "script"]
+    env = {**{k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}, "NPROC": "1"}
+    r = subprocess.run(["bash", "scripts/qwen3_4b_cleaner.sh", *flags], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    m = [json.loads(x) for x in (tmp_path / "script" / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in m] == [1, 2] and all(math.isfinite(x["loss"]) for x in m), m
+    info = json.loads((tmp_path / "script" / "run.json").read_text())["args"]
+    assert info["update_dtype"] == "float16" and info["gradient_checkpointing"] and info["device"] == "cuda"

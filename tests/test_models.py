@@ -2,6 +2,8 @@
 import base64
 import importlib.util
 import os
+import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -117,6 +119,9 @@ def test_resolve_order_and_errors(tmp_path):
     empty.mkdir()
     with pytest.raises(FileNotFoundError, match="no config.json"):
         resolve(str(empty))
+    for missing in (tmp_path / "run" / "hf", "out/no-such-run/hf", "./m"):  # paths, never sent to the hub
+        with pytest.raises(FileNotFoundError, match="no model folder at"):
+            resolve(str(missing))
 
 
 def test_cache_reused_and_corrupt_cache_rebuilt(tmp_path):
@@ -134,3 +139,29 @@ def test_cache_reused_and_corrupt_cache_rebuilt(tmp_path):
     assert third.returncode == 0 and "rebuilding" in third.stderr, third.stderr
     assert models._is_complete(folder)
     load_model(str(folder))  # and it loads
+
+
+def test_processes_that_start_at_once_build_once_and_a_killed_build_is_rebuilt(tmp_path):
+    """torchrun's ranks resolve an offline model at once: one builds, the others wait and reuse it. A build
+    killed half-way leaves its temp folder; the next build takes it away and builds afresh."""
+    env = {**os.environ, "CLEANER_CACHE": str(tmp_path)}
+    code = "import sys; sys.path.insert(0, '.'); from data.models import resolve; print(resolve('tiny-bytes'))"
+    procs = [subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [e for _, e in outs]
+    assert sum("building tiny-bytes" in e for _, e in outs) == 1, [e for _, e in outs]  # control: no lock, 3
+    folder = Path(outs[0][0].strip())
+    assert {o.strip() for o, _ in outs} == {str(folder)} and models._is_complete(folder)
+    # a build SIGKILLed inside its builder: the lock dies with it, its temp folder stays, nothing is in place
+    shutil.rmtree(folder)
+    killed = subprocess.run([sys.executable, "-c", "import os, signal, sys; sys.path.insert(0, '.')\n"
+                             "from data import models\n"
+                             "models._build_tiny_bytes = lambda out: os.kill(os.getpid(), signal.SIGKILL)\n"
+                             "models.resolve('tiny-bytes')"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert killed.returncode == -signal.SIGKILL and not folder.exists()
+    assert list(folder.parent.glob(".tiny-bytes.tmp-*"))
+    again = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=300)
+    assert again.returncode == 0 and "building tiny-bytes" in again.stderr, again.stderr
+    assert models._is_complete(folder) and not list(folder.parent.glob(".tiny-bytes.tmp-*"))

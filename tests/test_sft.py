@@ -212,7 +212,7 @@ def test_warm_start_trains_once_saves_a_loadable_model_and_reuses_it(tmp_path):
     base = load_model("tiny-bytes")
     assert tok.eos_token == "<|im_end|>"
     assert any(not torch.equal(a, b) for a, b in zip(model.state_dict().values(), base.state_dict().values()))
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp folders left behind
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".") and p.is_dir()]  # no temp folder left behind
 
     assert warmstart.warm_start("tiny-bytes", **kw) == path
     assert json.loads((Path(path) / sft.MARKER).read_text())["created"] == marker["created"]  # not retrained
