@@ -865,6 +865,7 @@ class SGLangEngine:
             self._engine = None
             _remove_orphan_shm(self._shm)
             _reap_children()
+            _detach_resource_tracker()
         if self._pool is not None:
             self._pool.shutdown(wait=False)
 
@@ -917,6 +918,22 @@ def _remove_orphan_shm(before: set[str]) -> None:
                 os.unlink(path)
         except OSError:
             pass
+
+
+def _detach_resource_tracker() -> None:
+    """SGLang's shutdown kills every child of this process, multiprocessing's resource tracker among them (and
+    again at exit). A semaphore this process still holds unlinks itself when released, and tells the tracker
+    to forget it; a relaunched tracker, which never saw the name, would print a KeyError traceback for each.
+    So the tracker's pipe now ends in a thread of ours that reads and drops (what the killed processes left in
+    /dev/shm, _remove_orphan_shm has removed)."""
+    from multiprocessing import resource_tracker
+    tracker = resource_tracker._resource_tracker
+    r, w = os.pipe()
+    threading.Thread(target=lambda: all(iter(lambda: os.read(r, 4096), b"")), name="resource-sink", daemon=True).start()
+    with tracker._lock:
+        if tracker._fd is not None:
+            os.close(tracker._fd)
+        tracker._fd, tracker._pid = w, None
 
 
 def _reap_children(wait_s: float = 10.0) -> None:

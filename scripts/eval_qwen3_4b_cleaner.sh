@@ -6,6 +6,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python eval.py --model ${MODEL:-out/qwen3-4b-cleaner/hf} --benchmarks aime24,aime25,gpqa,lcb \
   --n 16 --lcb-n 10 --temperature 1.0 --top-p 0.6 --max-turns 16 --max-new-tokens 20480 --saar paper \
-  --faithful --engine sglang \
+  --faithful --engine sglang --tool-format hermes \
   --gpqa-path ${GPQA:-data_cache/gpqa_diamond.csv} --lcb-dir ${LCB:-data_cache/livecodebench} \
   --out out/eval/qwen3-4b-cleaner.jsonl "$@"
