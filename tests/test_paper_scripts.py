@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
 SHRINK = ["--model", "smollm2-135m", "--device", "cpu", "--dtype", "float32", "--update-dtype", "float32",
           "--no-gradient-checkpointing", "--steps", "2", "--prompts-per-step", "2", "--mini-batch-prompts", "2",
-          "--samples-per-prompt", "4", "--max-response-tokens", "256", "--overlong-buffer", "32",
+          "--samples-per-prompt", "4", "--max-response-tokens", "384", "--overlong-buffer", "32",
           "--eval-size", "1", "--max-tokens-per-micro", "2048", "--sandbox-slots", "2", "--save-every", "1"]
 EVAL_SHRINK = ["--device", "cpu", "--dtype", "float32", "--n", "2", "--lcb-n", "2", "--limit", "1",
                "--max-new-tokens", "128", "--max-turns", "3"]
@@ -170,7 +170,7 @@ def processes(has: str, under: int | None = None) -> list:
 def cleaner(paper):
     """The main run, from an empty cache: one rank SIGKILLed mid-step 2, after step 1's checkpoint; then the job
     again with --resume, to the end."""
-    flags = [*SHRINK, *paper["place"]]
+    flags = [*SHRINK, *paper["place"], "--samples-per-prompt", "8"]  # more chances for a call to fail and be fixed
     run = paper["out"] / "qwen3-4b-cleaner"
     proc = subprocess.Popen(["bash", "scripts/qwen3_4b_cleaner.sh", *flags], cwd=ROOT,
                             env={**paper["env"], "NPROC": "2"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
