@@ -335,7 +335,8 @@ def test_the_eval_scripts_flags_parse_to_the_papers_settings():
         assert (a.bench.n, a.bench.lcb_n) == ((32 if "7b" in name else 16), 10), name
         r = a.rollout
         assert (r.temperature, r.top_p, r.max_turns, r.max_response_tokens, a.saar.saar) == (1.0, 0.6, 16, 20480, "paper")
-        assert a.bench.tools == ("notool" not in name) and r.tool_format == "auto"
+        # hermes, as the training scripts write it: a checkpoint is evaluated in the format it was trained in
+        assert a.bench.tools == ("notool" not in name) and r.tool_format == "hermes" and a.engine.engine == "sglang"
         # --faithful: every official choice eval.py has
         assert r.tool_echo and r.tool_header and r.repair_json and not r.tool_cap_ends and not r.last_turn_calls
         assert a.saar.sim_eos and a.bench.lcb_grader == "official" and a.common.model.endswith("/hf")
