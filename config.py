@@ -31,6 +31,12 @@ DType = Literal["float32", "bfloat16", "float16"]
 CallFormat = Literal["markdown", "hermes"]  # how a call is written (--tool-format adds none and auto)
 
 
+def not_in_eval(default):
+    """A field that the held-out evaluation never reads. machinery/evalcache.py keys the step-0 evaluation on every
+    other setting of the sections the evaluation reads (evalcache.READS): runs that differ only in it share one."""
+    return field(default=default, metadata={"in_eval": False})
+
+
 @dataclass
 class Common:
     """What every entry script needs."""
@@ -38,7 +44,7 @@ class Common:
     """local folder, hub id, or offline name (smollm2-135m, tiny-qwen3, tiny-bytes)"""
     seed: int = 0
     """seed for data order, sampling and SAAR draws"""
-    faithful: bool = False
+    faithful: bool = not_in_eval(False)
     """the official code's choice wherever ours differs (config.FAITHFUL; docs/departures.md); it overrides them"""
 
 
@@ -71,8 +77,8 @@ class Run:
 
 @dataclass
 class Data:
-    """Training and held-out problems."""
-    train_data: str = "synth-medium:primes,digit_sum,coprime"
+    """Training and held-out problems, and how their answers are graded."""
+    train_data: str = not_in_eval("synth-medium:primes,digit_sum,coprime")
     """generated problems: 'synth-medium' (naive code works, hand work does not), 'synth' (naive code times out),
     'synth-warmup' (the cold start's easy ones), optionally ':kind,kind' (of data/synth.py's KINDS); or a named set
     (math_train, aime_train, leetcode_train), a JSONL path"""
@@ -80,22 +86,25 @@ class Data:
     """held-out problems: a 'synth*' spec as above (from a seed never trained on), a named set or a JSONL path"""
     eval_size: int = 128
     """held-out problems, evaluated before the first step and after the last (0: no evaluation)"""
-    eval_every: int = 0
+    eval_every: int = not_in_eval(0)
     """also evaluate every N steps (0: only before the first step and after the last)"""
     eval_sampled: bool = False
     """score the held-out set at the rollout temperature too, not only greedy"""
-    eval_cache: bool = True
+    eval_cache: bool = not_in_eval(True)
     """reuse the step-0 evaluation of an earlier run that scored the same weights (hashed) with the same eval
     settings and code (<cache>/eval; a run of the same cold start with other training flags shares it)"""
-    data_order: Literal["shuffle", "stratified"] = "shuffle"
+    data_order: Literal["shuffle", "stratified"] = not_in_eval("shuffle")
     """shuffle: one seeded permutation of the training set (veRL's sampler); stratified: that permutation with
     problem kinds (synth's kind, else the task) taken in turn, so every step and third of a run sees the same mix"""
-    train_size: int = 32
+    train_size: int = not_in_eval(32)
     """train on the first N problems of that order, in passes (0, or more than the set: all of it); the demo's 32
     makes its last steps revisit its first steps' problems"""
-    max_prompt_tokens: int = 2560
+    max_prompt_tokens: int = not_in_eval(2560)
     """training problems whose templated prompt is longer are dropped at load time, and counted (official: 2560;
     0 keeps all)"""
+    math_grader: MathGrader = "math-verify"
+    """how a math answer is graded, for the +1/-1 reward and the held-out accuracy: math-verify on the last boxed answer (ours), or strict-box (the official
+    reward: the last boxed answer within the last 100 characters, equal to the gold answer as a string)"""
 
     def __post_init__(self):
         if self.train_size < 0:
@@ -108,6 +117,9 @@ class Rollout:
     tool_format: Literal["hermes", "markdown", "none", "auto"] = "markdown"
     """hermes (Qwen, the paper), markdown (```python blocks, SmolLM2), none (no-tool baseline), or auto (hermes
     when the tokenizer has a <tool_call> token, else markdown)"""
+    tools: str = "python"
+    """the tools offered, a comma list of tools.AVAILABLE's names (the paper: python); the prompt is made from
+    their descriptions"""
     prompt_template: str = ""
     """a JSON file of prompt templates by task ({problem}, {tool}) and an optional system prompt, e.g. the
     official wording (rollout.load_prompt_template; default: ours, rollout.PROMPTS)"""
@@ -153,7 +165,8 @@ class Saar:
     max_retries: int = 3
     """regenerations per failed turn before giving up"""
     sim_on: Literal["call", "code"] = "call"
-    """similarity on the decoded call text (official code) or on the extracted code (paper text)"""
+    """similarity on the decoded call text (official code) or on the extracted code (paper text; a malformed call,
+    with no code to compare, is replaced deep)"""
     sim_eos: bool = False
     """with --sim-on call, the call text runs to the end of the turn, <|im_end|> included, as the official loop
     generates it (ours stops at the end of the call)"""
@@ -164,15 +177,16 @@ class Saar:
     spliced tokens is --rollout-is token"""
     is_gate: float = 0.1
     """keep the error when the sequence-level ratio falls below this (is_mode=gate)"""
+    rollback_p: float = not_in_eval(1.0)
+    """curriculum mixing: the probability that a trajectory uses SAAR (paper: 1.0 for 4B, 0.7 for 7B; train.py's
+    held-out evaluation uses 1.0)"""
 
 
 @dataclass
 class TrainSaar(Saar):
     """SAAR (saar.py): its parameters, and where train.py uses it."""
-    saar: bool = True
+    saar: bool = not_in_eval(True)
     """purify failed tool calls with SAAR in the training rollouts"""
-    rollback_p: float = 1.0
-    """curriculum mixing: probability a trajectory uses SAAR (paper: 1.0 for 4B, 0.7 for 7B)"""
     eval_saar: Literal["off", "on", "both"] = "off"
     """test-time SAAR in the held-out eval: off (the policy's own tool use), on (the paper's evals) or both"""
 
@@ -193,15 +207,15 @@ class Grpo:
     """rollouts per prompt, the GRPO group (paper: 16)"""
     mini_batch_prompts: int = 2
     """prompts per optimizer step; several per GRPO step (paper: 32 of 128)"""
-    math_grader: MathGrader = "math-verify"
-    """the +1/-1 reward of math problems: math-verify on the last boxed answer (ours), or strict-box (the official
-    reward: the last boxed answer within the last 100 characters, equal to the gold answer as a string)"""
     overlong_buffer: int = 64
     """DAPO overlong penalty ramps over the last this many tokens of the budget (paper: 4096)"""
     overlong_penalty: float = 1.0
     """penalty at the full budget (paper: 1.0)"""
     norm_adv_std: bool = True
-    """divide advantages by the group std (off: Dr.GRPO)"""
+    """divide advantages by the group std (off: Dr.GRPO's advantages; its loss is --agg seq-mean-token-sum-norm)"""
+    baseline: Literal["group-mean", "leave-one-out"] = "group-mean"
+    """what a reward's advantage is measured from: its group's mean (GRPO, the paper), or the mean of the group's
+    other samples (RLOO)"""
     dynamic_sampling: bool = False
     """DAPO dynamic sampling: drop groups whose samples are all right or all wrong (zero advantage) and roll out
     further rounds of prompts_per_step prompts until the step has prompts_per_step groups (the paper: off)"""
@@ -353,8 +367,6 @@ class Bench:
     """samples per problem for aime24/aime25/gpqa (paper: 16; 32 for the 7B)"""
     lcb_n: int = 10
     """samples per problem for lcb"""
-    tools: bool = True
-    """let the model call its tools (--no-tools: --tool-format none)"""
     data_dir: str = ""
     """folder with aime24.jsonl / aime25.jsonl (default: $CLEANER_DATA or ../shared/data)"""
     gpqa_path: str = ""
@@ -426,11 +438,12 @@ class Sft:
 
 @dataclass
 class Train:
-    """train.py's arguments: the algorithm's sections first, then the run's, then the machinery's."""
-    common: Common = field(default_factory=Common)
+    """train.py's arguments: the algorithm's sections first (their order in --help), then the model and seed, the
+    data and the run's, then the machinery's."""
     rollout: Rollout = field(default_factory=Rollout)
     saar: TrainSaar = field(default_factory=TrainSaar)
     grpo: Grpo = field(default_factory=Grpo)
+    common: Common = field(default_factory=Common)
     data: Data = field(default_factory=Data)
     run: Run = field(default_factory=Run)
     machinery: Machinery = field(default_factory=Machinery)

@@ -83,16 +83,18 @@ def build(args: config.Eval):
     import torch
 
     import rollout
+    import tools
     from data import models
     from machinery.engine import build_engine, require
     c, e, r = args.common, args.engine, args.rollout
     require(e.engine)
     try:
+        tools.offer(r.tools)
         models.resolve(c.model)
     except (OSError, ValueError) as err:
-        raise SystemExit(f"eval.py: --model: {err}") from None
+        raise SystemExit(f"eval.py: {err}") from None
     tok = models.load_tokenizer(c.model)
-    fmt = rollout.resolve_tool_format(tok, r.tool_format if args.bench.tools else "none")
+    fmt = rollout.resolve_tool_format(tok, r.tool_format)
     device = e.device if e.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     sglang = e.engine == "sglang"
     # the paper's budget on a GPU; on the CPU a long context decodes too slowly to be of use
@@ -131,12 +133,13 @@ def generate(args: config.Eval, problems: list[Problem]) -> list[dict]:
                                response=tr.final_text(tok), num_tool_calls=tr.num_tool_calls,
                                num_tool_errors=tr.num_tool_errors, saar=use_saar,
                                meta=dict(finish_reason=tr.finish_reason, response_tokens=len(tr.response_ids),
-                                         truncated=tr.truncated, saar_events=len(tr.saar_events)))
+                                         truncated=tr.truncated, trajectory=tr.text, masked=tr.masked,
+                                         saar_events=tr.saar_events))
                     if BENCHMARKS[bench].task != "code":
                         rec["gold"] = p.answer
                     return grade_record(rec, p, judge, b.code_timeout_s, b.lcb_grader)
                 _, recs = loop.run_until_complete(rollout.rollout_and_grade(
-                    eng, sb, tok, mine, cfg, args.saar if use_saar else None, saar_p=1.0, grade=graded, n=n,
+                    eng, sb, tok, mine, cfg, args.saar if use_saar else None, grade=graded, n=n,
                     seeds=[seed * 1_000_003 + k for k in range(len(mine) * n)],
                     metas=[dict(sample_idx=i) for _ in mine for i in range(n)], templates=templates,
                     grade_workers=b.grade_workers, progress=True))
@@ -334,13 +337,14 @@ def held_out(loop, eng, sandbox, tokenizer, problems, args: config.Train, *, ste
     temps = [("greedy", 0.0)] + ([("sampled", rollout_cfg.temperature)] if args.data.eval_sampled else [])
     # test-time SAAR off is eval_greedy, on is eval_greedy_saar, whatever the flag, so runs and their later
     # --eval-only calls line up
-    modes = {"off": [("", None)], "on": [("_saar", args.saar)], "both": [("", None), ("_saar", args.saar)]}
+    on = dataclasses.replace(args.saar, rollback_p=1.0)  # every trajectory: the run's curriculum is training's
+    modes = {"off": [("", None)], "on": [("_saar", on)], "both": [("", None), ("_saar", on)]}
     for (name, temp), (suffix, saar) in ((t, m) for t in temps for m in modes[args.saar.eval_saar]):
         trajs, oks = loop.run_until_complete(rollout.rollout_and_grade(
-            eng, sandbox, tokenizer, mine, dataclasses.replace(rollout_cfg, temperature=temp), saar, saar_p=1.0,
+            eng, sandbox, tokenizer, mine, dataclasses.replace(rollout_cfg, temperature=temp), saar,
             grade=grade, seeds=list(range(len(mine))), templates=templates, progress=out_dir is not None))
-        rows = [dict(id=p.id, ok=bool(ok), calls=tr.num_first_calls, errors=tr.num_first_errors)
-                for p, tr, ok in zip(mine, trajs, oks)]
+        rows = [dict(id=p.id, ok=bool(ok), calls=tr.num_first_calls, errors=tr.num_first_errors, response=tr.text,
+                     masked=tr.masked, saar_events=tr.saar_events) for p, tr, ok in zip(mine, trajs, oks)]
         if world > 1:
             import torch.distributed as dist
             parts = [None] * world

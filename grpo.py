@@ -75,9 +75,10 @@ class TrainSeq:
 # ----------------------------------------------------------------------------- advantages
 
 def compute_advantages(rewards: torch.Tensor | Sequence[float], group_ids: Sequence[Hashable] | None = None, *,
-                       group_size: int | None = None, norm_std: bool = True,
+                       group_size: int | None = None, norm_std: bool = True, baseline: str = "group-mean",
                        eps: float = 1e-6) -> tuple[torch.Tensor, dict]:
-    """GRPO advantages: reward minus its group's mean, divided by the group's std if norm_std.
+    """GRPO advantages: reward minus its group's mean (baseline "group-mean"; "leave-one-out": the mean of the
+    group's other samples, RLOO's), divided by the group's std if norm_std.
 
     rewards: (N,). Groups come from group_ids (N hashables, e.g. prompt indices) or from
     group_size (consecutive runs of that many samples). norm_std=False is Dr.GRPO. The std is
@@ -109,6 +110,8 @@ def compute_advantages(rewards: torch.Tensor | Sequence[float], group_ids: Seque
             n_zero += 1
             continue
         a = r - r.mean()
+        if baseline == "leave-one-out":  # r - (sum - r) / (k - 1) = k / (k - 1) * (r - mean)
+            a = a * len(idx) / (len(idx) - 1)
         if norm_std:
             a = a / (r.std() + eps)
         adv[idx] = a
@@ -444,6 +447,11 @@ def freeze_below(model: torch.nn.Module, train_layers: int) -> None:
 
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def lora_scale(g: config.Grpo) -> float:
+    """alpha / rank, what merges LoRA adapters into their weights (0.0: no adapters)."""
+    return g.lora_alpha / g.lora_rank if g.lora_rank else 0.0
 
 
 def add_lora(model: torch.nn.Module, rank: int, alpha: float, train_layers: int = 0) -> None:

@@ -41,16 +41,25 @@ from machinery.engine import SamplingParams
 from saar import SaarState, retry_failed_call
 
 # --------------------------------------------------------------------------- model-facing text (one place)
-# {tool}: how to call the offered tools, each tool's sentence for the format (tools.py: Tool.sentence)
+# {tool}: how to call the offered tools, each tool's sentence for the format (tools.py: Tool.sentence); {it} and
+# {the_tool} in their number
 PROMPTS = {
     "math": ("Solve the following math problem step by step.\n\n{problem}\n\n"
-             "{tool}Use it for exact calculation and to check your work before you answer. "
-             "When you are sure, stop calling the tool and give the final answer as \\boxed{{answer}}."),
+             "{tool}Use {it} for exact calculation and to check your work before you answer. "
+             "When you are sure, stop calling {the_tool} and give the final answer as \\boxed{{answer}}."),
     "code": ("Solve the following programming problem.\n\n{problem}\n\n"
-             "{tool}Use it to test your solution. When you are sure it is correct, stop calling the tool and "
+             "{tool}Use {it} to test your solution. When you are sure it is correct, stop calling {the_tool} and "
              "give your final solution in one ```python block."),
     "gpqa": ("Answer the following multiple-choice question step by step.\n\n{problem}\n\n"
-             "{tool}Use it for exact calculation. Give the letter of the final answer as \\boxed{{X}}."),
+             "{tool}Use {it} for exact calculation. Give the letter of the final answer as \\boxed{{X}}."),
+}
+# --tool-format none (the no-tool baseline): the same tasks, with no tool to mention
+NO_TOOL_PROMPTS = {
+    "math": "Solve the following math problem step by step.\n\n{problem}\n\nGive the final answer as \\boxed{{answer}}.",
+    "code": ("Solve the following programming problem.\n\n{problem}\n\n"
+             "Give your final solution in one ```python block."),
+    "gpqa": ("Answer the following multiple-choice question step by step.\n\n{problem}\n\n"
+             "Give the letter of the final answer as \\boxed{{X}}."),
 }
 # What the model reads after a tool call: the result (the tool's reply, tools.py, or parse_call's message, cut
 # by truncate_middle), then, from SAAR, the fix instruction (ToolEnv.feedback) or the give-up note
@@ -109,7 +118,8 @@ def make_prompt(problem: str, task: str = "math", tool_format: str = "hermes", t
             if isinstance(value, str) and name not in ("problem", "tool"):
                 text = text.replace("{" + name + "}", value)
         return text.replace("{problem}", problem.strip()).replace("{tool}", tools.sentence(tool_format))
-    return PROMPTS[task].format(problem=problem.strip(), tool=tools.sentence(tool_format))
+    prompts = NO_TOOL_PROMPTS if tool_format == "none" else PROMPTS
+    return prompts[task].format(problem=problem.strip(), tool=tools.sentence(tool_format), **tools.pronouns())
 
 
 def prompt_ids(tokenizer, problem: str, task: str = "math", tool_format: str = "hermes",
@@ -266,8 +276,10 @@ class Trajectory:
     num_tool_errors: int = 0
     num_first_calls: int = 0                                # executions that were not a SAAR retry
     num_first_errors: int = 0                               # ... and failed: the policy's own error rate
+    tool_use: dict = field(default_factory=dict)            # [executions, errors] by tool ("malformed": no tool)
     meta: dict = field(default_factory=dict)
     text: str = ""                                          # decoded response, for logs
+    masked: list = field(default_factory=list)              # [c0, c1]: text's character ranges of mask-0 tokens
 
     def extend(self, ids, mask: int, logprobs=None, spliced=None):
         n = len(ids)
@@ -307,6 +319,7 @@ class ToolEnv:
         self.seed, self.n_gen, self.eos_ids, self.prompt_len = seed, 0, {tokenizer.eos_token_id}, prompt_len
         self.calls, self.errors, self.turn = 0, 0, 0
         self.first_calls, self.first_errors = 0, 0  # not counting SAAR's re-executions
+        self.tool, self.by_tool = "", {}  # the last call's tool; [calls, errors] by tool
 
     def left(self, full_ids: list[int]) -> int:
         """Response tokens still allowed after full_ids (prompt + response so far, whatever it holds)."""
@@ -340,8 +353,11 @@ class ToolEnv:
             r = tools.ToolResult(ok=False, error_kind="malformed",
                                  text=tools.tool_text(call.error, header=self.cfg.tool_header))
         else:
-            tool = tools.TOOLS[call.name]
-            r = tool.reply(await tool.run(call.args, self), self.cfg)
+            r = await tools.TOOLS[call.name].call(call.args, self)
+        self.tool = call.name or "malformed"  # per tool: a malformed call names none
+        used = self.by_tool.setdefault(self.tool, [0, 0])
+        used[0] += 1
+        used[1] += not r.ok
         self.errors += not r.ok
         if not retry:
             self.first_calls += 1
@@ -372,20 +388,17 @@ class ToolEnv:
 
 
 async def rollout_one(engine, sandbox, tokenizer, prompt: list[int], cfg: config.Rollout,
-                      saar: config.Saar | None = None, *, saar_p: float = 1.0, seed: int | None = None,
+                      saar: config.Saar | None = None, *, seed: int | None = None,
                       meta: dict | None = None) -> Trajectory:
     """Roll out one trajectory: generate, call a tool, append its result, until an answer or a cap.
     cfg: the rollout's settings, its tool_format resolved (resolve_tool_format); saar: SAAR's settings, None for
-    SAAR off; saar_p: the probability that the trajectory uses SAAR (curriculum mixing)."""
+    SAAR off; each trajectory uses it with probability saar.rollback_p (curriculum mixing)."""
     if cfg.tool_format == "auto":
         raise ValueError("tool_format 'auto' must be resolved first (rollout.resolve_tool_format)")
-    if saar is not None and saar.is_mode != "none" and cfg.temperature not in (0.0, 1.0):
-        # engine.score gives log-probs at temperature 1, as greedy requests do; sampled ones are at `temperature`
-        raise ValueError(f"SAAR importance correction (is_mode={saar.is_mode!r}) needs temperature 1.0, "
-                         f"got {cfg.temperature}")
+    check(cfg, saar)
     traj = Trajectory(prompt_ids=list(prompt), meta=dict(meta or {}))
     # curriculum mixing: each trajectory draws SAAR with probability p (seeded per trajectory)
-    traj.saar = saar is not None and random.Random(seed).random() < saar_p
+    traj.saar = saar is not None and random.Random(seed).random() < saar.rollback_p
     state = SaarState(on=traj.saar, events=traj.saar_events)
     env = ToolEnv(engine, sandbox, tokenizer, cfg, seed=seed, prompt_len=len(traj.prompt_ids))
     budget = cfg.max_response_tokens
@@ -439,22 +452,55 @@ async def rollout_one(engine, sandbox, tokenizer, prompt: list[int], cfg: config
     traj.finish_reason = finish
     traj.num_tool_calls, traj.num_tool_errors = env.calls, env.errors
     traj.num_first_calls, traj.num_first_errors = env.first_calls, env.first_errors
-    traj.text = tokenizer.decode(traj.response_ids, skip_special_tokens=False)
+    traj.tool_use = env.by_tool
+    readable(traj, tokenizer)
     return traj
 
 
+def readable(traj: Trajectory, tokenizer) -> None:
+    """traj.text, the response decoded, with character offsets for a reader (run report, JSONL): traj.masked,
+    the ranges of the tokens not trained on, and each SAAR event's `at`, the range of its `span`. The text is
+    decoded piece by piece between those token positions, so that each offset is exact."""
+    ids, mask = traj.response_ids, traj.loss_mask
+    cuts = {0, len(ids)} | {i for i in range(1, len(ids)) if mask[i] != mask[i - 1]}
+    cuts |= {min(p, len(ids)) for e in traj.saar_events for p in e.get("span", ())}  # a later retry may be shorter
+    cuts = sorted(cuts)
+    pieces, at = [], {0: 0}
+    for a, b in zip(cuts, cuts[1:]):
+        pieces.append(tokenizer.decode(ids[a:b], skip_special_tokens=False))
+        at[b] = at[a] + len(pieces[-1])
+    traj.text = "".join(pieces)
+    traj.masked = []
+    for a, b in zip(cuts, cuts[1:]):
+        if mask[a] == 0 and traj.masked and traj.masked[-1][1] == at[a]:
+            traj.masked[-1][1] = at[b]  # one range, cut by an event's span
+        elif mask[a] == 0:
+            traj.masked.append([at[a], at[b]])
+    for e in traj.saar_events:
+        if "span" in e:
+            e["at"] = [at[min(p, len(ids))] for p in e["span"]]
+
+
+def check(cfg: config.Rollout, saar: config.Saar | None) -> None:
+    """Settings that cannot go together (train.py checks them before any model loads)."""
+    if saar is not None and saar.is_mode != "none" and cfg.temperature not in (0.0, 1.0):
+        # engine.score gives log-probs at temperature 1, as greedy requests do; sampled ones are at `temperature`
+        raise ValueError(f"SAAR importance correction (is_mode={saar.is_mode!r}) needs temperature 1.0, "
+                         f"got {cfg.temperature}")
+
+
 def _record(traj: Trajectory, start: int, result: tools.ToolResult, env: ToolEnv):
-    traj.turns.append(dict(turn=env.turn, start=start, ok=result.ok, error_kind=result.error_kind,
+    traj.turns.append(dict(turn=env.turn, start=start, tool=env.tool, ok=result.ok, error_kind=result.error_kind,
                            exception_type=result.exception_type, output=env.truncate(result.text)))
 
 
 async def rollout_batch(engine, sandbox, tokenizer, prompts: list[list[int]], cfg: config.Rollout,
-                        saar: config.Saar | None = None, *, saar_p: float = 1.0, seeds: list[int | None] | None = None,
+                        saar: config.Saar | None = None, *, seeds: list[int | None] | None = None,
                         metas: list[dict] | None = None, progress: bool = False) -> list[Trajectory]:
     """Roll out all prompts concurrently (one asyncio task each); results keep the input order."""
     seeds = seeds or [None] * len(prompts)
     metas = metas or [{}] * len(prompts)
-    tasks = [asyncio.ensure_future(rollout_one(engine, sandbox, tokenizer, p, cfg, saar, saar_p=saar_p, seed=s, meta=m))
+    tasks = [asyncio.ensure_future(rollout_one(engine, sandbox, tokenizer, p, cfg, saar, seed=s, meta=m))
              for p, s, m in zip(prompts, seeds, metas)]
     if getattr(engine, "lockstep", False):  # HFEngine(lockstep=True): it decodes while all of them wait on it
         engine.track(tasks)
@@ -471,7 +517,7 @@ async def rollout_batch(engine, sandbox, tokenizer, prompts: list[list[int]], cf
 
 
 async def rollout_and_grade(engine, sandbox, tokenizer, problems: list, cfg: config.Rollout,
-                            saar: config.Saar | None = None, *, saar_p: float = 1.0, grade, n: int = 1,
+                            saar: config.Saar | None = None, *, grade, n: int = 1,
                             seeds: list[int | None], metas: list[dict] | None = None, templates: dict | None = None,
                             grade_workers: int = 1, progress: bool = False,
                             times: dict | None = None) -> tuple[list[Trajectory], list]:
@@ -485,7 +531,7 @@ async def rollout_and_grade(engine, sandbox, tokenizer, problems: list, cfg: con
     prompts = [prompt_ids(tokenizer, p.problem, p.task, cfg.tool_format, templates=templates,
                           meta=getattr(p, "meta", None)) for p in problems]
     trajs = await rollout_batch(engine, sandbox, tokenizer, [ids for ids in prompts for _ in range(n)], cfg, saar,
-                                saar_p=saar_p, seeds=seeds, metas=metas, progress=progress)
+                                seeds=seeds, metas=metas, progress=progress)
     t1 = time.perf_counter()
     each = [p for p in problems for _ in range(n)]  # the problem of each trajectory
     if grade_workers > 1:

@@ -85,8 +85,9 @@ def replace_turn(old_turn_ids: list[int], new_turn_ids: list[int], *, tokenizer,
     old_call = tokenizer.decode(old_turn_ids[k_old:], skip_special_tokens=False)
     new_call = tokenizer.decode(new_turn_ids[k_new:], skip_special_tokens=False)
     if sim_on == "code":
-        old_call = syntax.code(old_call) or ""
-        new_call = syntax.code(new_call) or ""
+        old_call, new_call = syntax.code(old_call), syntax.code(new_call)
+        if old_call is None or new_call is None:  # a malformed call has no code to compare: deep
+            return Replacement(list(new_turn_ids), "deep", float("nan"), 0)
     elif sim_on != "call":
         raise ValueError(f"sim_on must be 'call' or 'code', got {sim_on!r}")
     elif sim_eos:
@@ -142,13 +143,23 @@ async def retry_failed_call(traj, start: int, result, *, cfg, state: SaarState, 
     is_mode, is_gate). `env` is the rollout's per-trajectory tool environment (rollout.ToolEnv):
     generate, score, parse, execute, tokenizer, the call syntax, the tool-turn scaffolding and the tool-call
     budget. (This module imports no project module: settings and the rollout both come in duck-typed.)
+
+    Each decision is logged in `state.events` with what it removed and what took its place, as text: the failed
+    turn (`failed`), the error the model saw (`error`), the regenerated turn (`regenerated`), the text spliced in
+    (`replacement`), and `span`, the response tokens where the replacement (or the regenerated turn) sits.
     """
+    def text(ids) -> str:
+        return env.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def log(kind: str, similarity=None, **more):
+        state.events.append(dict(turn=env.turn, kind=kind, similarity=similarity, gamma=cfg.gamma, retry=retries,
+                                 error_kind=result.error_kind, **more))
+
     retries = 0
     while True:
         if retries >= cfg.max_retries or not env.can_call():
             state.on = False  # give up: keep the last failed attempt and its error
-            state.events.append(dict(turn=env.turn, kind="given_up", similarity=None, retry=retries,
-                                     error_kind=result.error_kind))
+            log("given_up", failed=text(traj.response_ids[start:]), error=env.truncate(result.text))
             return Outcome("given_up", result, note=env.give_up_note(retries) if retries >= 2 else "")
         # snapshot = the trajectory up to and including the failed turn; restoring is truncating to `start`
         old_turn, old_logp = traj.response_ids[start:], traj.logprobs[start:]
@@ -159,8 +170,7 @@ async def retry_failed_call(traj, start: int, result, *, cfg, state: SaarState, 
             # no room for the error and a new turn within the response budget: the failed call stays, and
             # the rollout then finds no room for its result either (finish reason "length")
             state.on = False
-            state.events.append(dict(turn=env.turn, kind="given_up", similarity=None, retry=retries,
-                                     error_kind=result.error_kind, reason="budget"))
+            log("given_up", failed=text(old_turn), error=env.truncate(result.text), reason="budget")
             return Outcome("given_up", result)
         traj.extend(fb, mask=0)
         next_turn = len(traj.response_ids)
@@ -170,8 +180,8 @@ async def retry_failed_call(traj, start: int, result, *, cfg, state: SaarState, 
             # the model answered instead of calling again: keep the error and the answer; SAAR off
             traj.extend(new.token_ids, mask=1, logprobs=new.logprobs)
             state.on = False
-            state.events.append(dict(turn=env.turn, kind="answered", similarity=None, retry=retries,
-                                     error_kind=result.error_kind, regen_tokens=len(new.token_ids)))
+            log("answered", failed=text(old_turn), error=feedback, regenerated=text(new.token_ids),
+                regen_tokens=len(new.token_ids), span=[next_turn, next_turn + len(new.token_ids)])
             return Outcome("answered", result, next_turn=next_turn, next_finish=new.finish_reason)
         rep = replace_turn(old_turn, new.token_ids, tokenizer=env.tokenizer, syntax=env.syntax, gamma=cfg.gamma,
                            sim_on=cfg.sim_on, sim_eos=cfg.sim_eos)
@@ -188,15 +198,15 @@ async def retry_failed_call(traj, start: int, result, *, cfg, state: SaarState, 
                 # too unlikely on the clean context: keep the error and let the new turn follow it, which
                 # is what a raw rollout would have produced; SAAR stays on for later turns
                 traj.extend(new.token_ids, mask=1, logprobs=new.logprobs)
-                state.events.append(dict(turn=env.turn, kind="gated", similarity=rep.similarity, retry=retries,
-                                         error_kind=result.error_kind, seq_ratio=seq_ratio,
-                                         regen_tokens=len(new.token_ids)))
+                log("gated", rep.similarity, failed=text(old_turn), error=feedback, regenerated=text(new.token_ids),
+                    seq_ratio=seq_ratio, regen_tokens=len(new.token_ids),
+                    span=[next_turn, next_turn + len(new.token_ids)])
                 return Outcome("gated", result, next_turn=next_turn, next_finish=new.finish_reason)
         traj.truncate(start)  # restore the snapshot: the error and the failed call vanish
         # the new tokens are spliced in: sampled with the error in context, trained without it (machinery/mismatch.py)
         traj.extend(rep.ids, mask=1, logprobs=new_logp, spliced=list(old_spliced[:rep.keep]) + [1] * n_new)
-        state.events.append(dict(turn=env.turn, kind=rep.kind, similarity=rep.similarity, retry=retries,
-                                 error_kind=result.error_kind, regen_tokens=len(new.token_ids)))
+        log(rep.kind, rep.similarity, failed=text(old_turn), error=feedback, regenerated=text(new.token_ids),
+            replacement=text(rep.ids), regen_tokens=len(new.token_ids), span=[start, start + len(rep.ids)])
         result = await env.execute(env.parse(rep.ids), retry=True)
         if result.ok:
             return Outcome("fixed", result)

@@ -241,6 +241,13 @@ def build_dataset(tokenizer, *, data: str, n: int, tool_format: str, tool_output
     return seqs
 
 
+def dataset(args: Args, tokenizer) -> list[tuple[list[int], list[int]]]:
+    """The (ids, mask) pairs `run` trains on, for these arguments (machinery/warmstart.py keys its cache on them)."""
+    return build_dataset(tokenizer, data=args.sft.data, n=args.sft.n_conversations, tool_format=args.sft.tool_format,
+                         tool_output_chars=args.sft.tool_output_chars, max_len=args.sft.max_len, seed=args.common.seed,
+                         fix_fraction=args.sft.fix_fraction)
+
+
 # --------------------------------------------------------------------------- training
 
 def _micro_batch(seqs, idx: list[int]):
@@ -369,9 +376,7 @@ def run(args: Args) -> dict:
     torch.manual_seed(args.common.seed)
     t_start = time.time()
     tok = load_tokenizer(args.common.model)
-    seqs = build_dataset(tok, data=args.sft.data, n=args.sft.n_conversations, tool_format=args.sft.tool_format,
-                         tool_output_chars=args.sft.tool_output_chars, max_len=args.sft.max_len, seed=args.common.seed,
-                         fix_fraction=args.sft.fix_fraction)
+    seqs = dataset(args, tok)
     n_tok, n_loss = sum(len(s[0]) for s in seqs), sum(sum(s[1]) for s in seqs)
     print(f"[sft] {len(seqs)} conversations, {n_tok} tokens ({n_loss} in the loss, longest "
           f"{max(len(s[0]) for s in seqs)}), model {args.common.model}, tool format {args.sft.tool_format}", file=sys.stderr)

@@ -2,9 +2,10 @@
 
 A tool is one small object (`Tool`): its name, its JSON schema (the hermes prompt lists it), a sentence per
 tool format telling the model how to call it, how to run a call's arguments, and what the model reads back.
-`TOOLS` names the tools a run offers; rollout.py parses calls to them (a hermes call names its tool, a
-markdown block's info string does: ```python), runs them through `ToolEnv.execute` and cuts their text.
-Adding a tool is one class here plus one line in `TOOLS`.
+`AVAILABLE` names every tool; `--tools` chooses the ones a run offers (`offer`, into `TOOLS`), whose sentences
+and schemas make the prompt. rollout.py parses calls to them (a hermes call names its tool, a markdown block's
+info string does: ```python), runs them through `Tool.call` (each under its time limit) and cuts their text.
+Adding a tool is one class here plus one line in `AVAILABLE`.
 
 The Python interpreter (`PythonTool`) runs code in the sandbox (sandbox.py), or in the trajectory's session
 with --stateful, and words the sandbox's facts for the model (`tool_text`): stdout plus a compact traceback.
@@ -13,6 +14,7 @@ does so with --tool-header (`headed_text`).
 """
 from __future__ import annotations
 
+import asyncio
 import signal
 from dataclasses import dataclass
 
@@ -39,6 +41,7 @@ class Tool:
     name: str
     schema: dict
     sentence: dict[str, str] = {}  # by tool format: how the prompt's {tool} tells the model to call it
+    timeout_s: float | None = 30.0  # a call still running after this is cut off (None: the tool limits itself)
 
     @property
     def arg(self) -> str:
@@ -58,6 +61,15 @@ class Tool:
         """What the model reads of run's result, before it is cut; cfg is the rollout's config.Rollout."""
         raise NotImplementedError
 
+    async def call(self, args: dict, env) -> ToolResult:
+        """run, then reply; a call that hangs is cut off after timeout_s, and the model reads why. (A tool that
+        computes on the event loop blocks it: run such work elsewhere, as PythonTool does in the sandbox.)"""
+        try:
+            return self.reply(await asyncio.wait_for(self.run(args, env), self.timeout_s), env.cfg)
+        except asyncio.TimeoutError:
+            return ToolResult(ok=False, error_kind="timeout",
+                              text=f"TimeoutError: the {self.name} tool took longer than {self.timeout_s:g} s and was stopped")
+
 
 class PythonTool(Tool):
     """The paper's code interpreter: stateless calls in the sandbox, or the trajectory's session."""
@@ -69,6 +81,7 @@ class PythonTool(Tool):
     sentence = {"hermes": "You can run Python with the code_interpreter tool. ",
                 "markdown": "You can run Python: write code in a ```python block and its output will be shown to you. "}
     fences = ("python", "py")
+    timeout_s = None  # the sandbox's own limit (--tool-timeout-s, on its clock), and its own error text
 
     async def run(self, args: dict, env):
         if env.session is not None:
@@ -79,10 +92,27 @@ class PythonTool(Tool):
         return ToolResult.from_exec(raw, cfg.error_format, cfg.tool_header)
 
 
-# The tools a run offers, by name: the hermes prompt lists their schemas, and a call must name one of them.
-TOOLS: dict[str, Tool] = {tool.name: tool for tool in [
-    PythonTool(),
-]}
+# Every tool, by its --tools name.
+AVAILABLE: dict[str, Tool] = {
+    "python": PythonTool(),
+}
+# The tools this run offers, by the name a call gives: the hermes prompt lists their schemas, and a call must
+# name one of them. offer() sets them from --tools (config.Rollout.tools).
+TOOLS: dict[str, Tool] = {}
+
+
+def offer(names: str) -> None:
+    """Offer the tools of a comma list of AVAILABLE's names, in its order; an unknown name raises."""
+    chosen = [n.strip() for n in names.split(",") if n.strip()]
+    unknown = [n for n in chosen if n not in AVAILABLE]
+    if unknown or not chosen:
+        raise ValueError(f"--tools {names!r}: {'unknown ' + ', '.join(map(repr, unknown)) if unknown else 'none named'}"
+                         f"; the tools are {', '.join(AVAILABLE)}")
+    TOOLS.clear()
+    TOOLS.update({AVAILABLE[n].name: AVAILABLE[n] for n in chosen})
+
+
+offer("python")
 
 
 def schemas() -> list[dict]:
@@ -93,6 +123,11 @@ def schemas() -> list[dict]:
 def sentence(tool_format: str) -> str:
     """The prompt's {tool}: the offered tools' sentences for the format ("" for none)."""
     return "".join(t.sentence.get(tool_format, "") for t in TOOLS.values())
+
+
+def pronouns() -> dict[str, str]:
+    """The prompt's {it} and {the_tool}, in the number of the offered tools."""
+    return dict(it="it", the_tool="the tool") if len(TOOLS) == 1 else dict(it="them", the_tool="the tools")
 
 
 # --------------------------------------------------------------------------- what the model reads of a Python call

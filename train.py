@@ -1,21 +1,19 @@
 """train.py: GRPO with SAAR-purified multi-turn tool rollouts (the paper's training loop, Sec. 3-4).
 
-Setup (models, engine, sandbox, data, optimizer: `setup`, once), then one GRPO step a screen: the
-rollout, the rewards and their group advantages, the update (grpo.update, whose micro-batch loop
-calls grpo.policy_loss), eval/log/checkpoint. Every setting is a flag of config.py. The defaults are
-the CPU demo: SmolLM2-135M-Instruct warmed up by sft.py (a quarter of its conversations fail a call
-and fix it, as the paper's cold start teaches retrying), trained on generated problems at the
-model's edge with the markdown tool format, SAAR on, the top 12 layers trained and temperature 0.6
-(at 1.0 the 135M model writes mostly broken code); 128 held-out problems are evaluated greedily
-before the first step and after the last, and the run ends with the gain and its paired 95% CI.
+Setup (models, engine, sandbox, data, optimizer: `setup`, once), then one GRPO step a screen: the rollout
+(SAAR purifying failed calls), the rewards and their group advantages, the update (grpo.update, whose
+micro-batch loop calls grpo.policy_loss), eval/log/checkpoint/report. Every setting is a flag of config.py.
+The defaults are the CPU demo: SmolLM2-135M-Instruct warmed up by sft.py (a quarter of its conversations
+fail a call and fix it, as the paper's cold start teaches), trained on generated problems at the model's
+edge, markdown calls, SAAR on, the top 12 layers, temperature 0.6 (at 1.0 the 135M model writes mostly
+broken code); 128 held-out problems evaluated greedily before and after, and the gain with its 95% CI.
 
     python train.py                                   # the CPU demo (docs/results.md)
     python train.py --model tiny-qwen3 --steps 2      # the smallest end-to-end run
     torchrun --nproc_per_node=4 train.py ...          # one node, FSDP2 over the policy (scripts/: the paper's)
 
-Departures (docs/departures.md): the reward grades the final assistant turn; a run is reproducible
-from its folder (machinery/checkpoint.py); where our default differs from the official code,
---faithful sets its choice.
+Departures (docs/departures.md): the reward grades the final assistant turn; a run is reproducible from
+its folder; where our default differs from the official code, --faithful sets its choice.
 """
 from __future__ import annotations
 
@@ -26,19 +24,21 @@ import os
 import time
 from collections.abc import Callable
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 import config
 import eval as heldout
 import grpo
+import report
 import reward
 import rollout
+import tools
 from data import models, problems
 from data.synth import load_problems
-from machinery import checkpoint, evalcache, mismatch, packing, precision, warmstart
-from machinery import engine as engine_mod
+from machinery import checkpoint, evalcache, mismatch, precision, warmstart
+from machinery import policy as policy_mod
+from machinery.policy import gather
 from sandbox import Sandbox
 
 Args = config.Train
@@ -71,20 +71,22 @@ def main(args: Args):
         t0 = time.perf_counter()  # group advantages over every rank's rollouts (groups never straddle ranks)
         all_rewards = [x for part in gather(rewards, s.world) for x in part]
         all_groups = [x for part in gather(groups, s.world) for x in part]
-        adv, adv_stats = grpo.compute_advantages(all_rewards, all_groups, norm_std=g.norm_adv_std)
+        adv, adv_stats = grpo.compute_advantages(all_rewards, all_groups, norm_std=g.norm_adv_std,
+                                                 baseline=g.baseline)
         mine = adv[s.rank * len(rewards):(s.rank + 1) * len(rewards)].tolist()
         batch = [grpo.TrainSeq.of(tr, a) for tr, a in zip(trajs, mine)]  # the prompt not trained on
         t["reward"] += time.perf_counter() - t0
         # -------------------------------------------------------------- update
-        # an optimizer step per mini-batch on grpo.policy_loss (clipped PPO, dual-clip, token-mean)
+        # an optimizer step per mini-batch on grpo.policy_loss, over the purified tokens of mask 1:
+        #   ratio = exp(logp - old_logp)    (old_logp recomputed on the purified tokens, below)
+        #   loss  = agg(max(-A * ratio, -A * clip(ratio, 1 - clip_low, 1 + clip_high)))    --agg token-mean
+        #           with A < 0 capped at -A * dual_clip_c, + kl_coef * KL(ref) when --kl-coef
         t0 = time.perf_counter()
         mbs = g.mini_batch_prompts * g.samples_per_prompt // s.world
         drift = old_logprobs(s, batch, mbs)
         t["old_logp"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        if saving is not None:  # the last checkpoint holds the live tensors: on disk before the update
-            saving.result()
-            saving = None
+        saving = saving and saving.result()  # the last checkpoint holds the live tensors: on disk before the update
         s.eng.release_memory()  # colocated SGLang: its GPU memory to the update (HF: nothing to give)
         sched = s.scheduler if g.warmup_unit == "optimizer" else None
         try:  # no batch: --dynamic-sampling found no group with a signal
@@ -105,10 +107,11 @@ def main(args: Args):
         t0 = time.perf_counter()
         push_weights(s)
         t["sync"] = time.perf_counter() - t0
-        # -------------------------------------------------------------- eval / log / ckpt
+        # -------------------------------------------------------------- eval / log / ckpt / report
         m = step_metrics(seen, adv_stats, stats, t, s.world, adv_n=len(all_rewards), **sampling, **drift)
         m["step"] = step + 1
-        if d.eval_size and ((d.eval_every and (step + 1) % d.eval_every == 0) or step + 1 == r.steps):
+        evaluated = d.eval_size and ((d.eval_every and (step + 1) % d.eval_every == 0) or step + 1 == r.steps)
+        if evaluated:
             m.update(evaluate(s, step + 1))
         m["t_wall"] = time.perf_counter() - t_step
         if s.master:
@@ -116,6 +119,8 @@ def main(args: Args):
             s.log(format_line(m))
             writer(m)
             checkpoint.dump_rollouts(s.out, step + 1, seen[:r.dump_rollouts], s.tokenizer)
+            if evaluated and step + 1 < r.steps:  # the run's page so far (and at the end, below)
+                report.write(s.out)
         if (step + 1) % r.save_every == 0 or step + 1 == r.steps:
             saving = checkpoint.save(s.ckpt_path, s.policy, s.optimizer, s.scheduler, s.scaler, step + 1,
                                      s.master, data_pos=data_pos, background=True)
@@ -162,25 +167,28 @@ def setup(args: Args) -> Setup:
     g = args.grpo
     how = args.machinery.update
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's
-    log = functools.partial(print, flush=True) if rank == 0 else silent
-    out, ckpt_path = prepare_run(args, world, rank == 0)
+    log = functools.partial(print, flush=True) if rank == 0 else (lambda *_: None)  # the master prints
+    out, ckpt_path = checkpoint.prepare_run(args, world, rank == 0)
     raw = read_data(args)  # a missing or malformed file stops the run here, before any model loads
     # before the process group: the machine's caches are built once, by whichever rank comes first, and
     # transformers saves a model only on rank 0 of a process group
     model_path, cfg = cold_start(args)
-    device = init_distributed(args.machinery.engine.device)
-    policy, ref, eng, own_copy, tokenizer = build(args, model_path, device, world, log)
+    device = policy_mod.init_distributed(args.machinery.engine.device)
+    policy, ref, eng, own_copy, tokenizer = policy_mod.build(args, model_path, device, world, log)
     amp = None if world > 1 or how.update_dtype == "float32" else precision.DTYPES[how.update_dtype]  # one process
     scaler = precision.loss_scaler(how)
     templates = rollout.load_prompt_template(cfg.prompt_template) if cfg.prompt_template else None
     sb = args.machinery.sandbox
     sandbox = Sandbox(slots=sb.sandbox_slots, timeout_s=sb.tool_timeout_s, memory_mb=sb.tool_memory_mb,
                       hide=(os.path.abspath(args.run.out_dir),), clock=sb.tool_clock)
-    train_set, eval_set, order = load_data(args, raw, tokenizer, cfg, templates, log)
+    prompt_len = lambda p: len(rollout.prompt_ids(tokenizer, p.problem, p.task, cfg.tool_format,  # noqa: E731
+                                                  templates=templates, meta=p.meta))
+    (train_set, order), eval_set = problems.training_order(raw[0], args.data, args.common.seed, log, prompt_len,
+                                                           drop_long=not args.run.eval_only), raw[1]
 
     def grade(problem, traj) -> bool:  # right or wrong: the final turn's answer, by reward.py (training and eval)
         return reward.grade(problem.task, traj.final_text(tokenizer), answer=problem.answer, tests=problem.tests,
-                            sandbox=sandbox, math_grader=g.math_grader)
+                            sandbox=sandbox, math_grader=args.data.math_grader)
 
     optimizer, scheduler = grpo.make_optimizer(policy, lr=g.lr, weight_decay=g.weight_decay,
                                                warmup_steps=g.warmup_steps, from_zero=g.warmup_unit == "train")
@@ -191,146 +199,33 @@ def setup(args: Args) -> Setup:
                  order=order, grade=grade)
 
 
-def silent(*_) -> None:
-    """The log of a rank other than the master."""
-
-
-def init_distributed(device: str) -> str:
-    """The device, with torchrun's process group joined (NCCL on GPUs, gloo on CPU) when there is one."""
-    device = device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return device
-    dist.init_process_group("nccl" if device == "cuda" else "gloo")
-    if device == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
-    return device
-
-
-def prepare_run(args: Args, world: int, master: bool) -> tuple[str, str]:
-    """Checks that need the world size or the disk, then the run folder and its run.json: (folder,
-    checkpoint path)."""
-    r = args.run
-    g = args.grpo
-    if g.prompts_per_step % g.mini_batch_prompts or g.mini_batch_prompts % world:
-        raise SystemExit(f"prompts_per_step ({g.prompts_per_step}) must divide by mini_batch_prompts "
-                         f"({g.mini_batch_prompts}), and that by the world size ({world})")
-    if r.eval_only and not args.data.eval_size:
-        raise SystemExit(f"--eval-only: the run {r.run_name!r} has --eval-size 0, no held-out set to evaluate")
-    if args.machinery.engine.deterministic:
-        torch.use_deterministic_algorithms(True, warn_only=True)
-    out = os.path.join(r.out_dir, r.run_name or time.strftime("run-%Y%m%d-%H%M%S"))
-    if r.resume and not os.path.exists(os.path.join(out, "ckpt.pt")):
-        raise SystemExit(f"--resume: no checkpoint at {os.path.join(out, 'ckpt.pt')}")
-    engine_mod.require(args.machinery.engine.engine)
-    if master:
-        os.makedirs(os.path.join(out, "rollouts"), exist_ok=True)
-        checkpoint.write_run_info(out, args)  # --eval-only: a line in evals.jsonl, run.json is the run's
-    return out, os.path.join(out, "ckpt.pt")
-
-
 def cold_start(args: Args) -> tuple[str, config.Rollout]:
     """(the model to train: --model, or its cold start, cached; the rollout config, its tool format resolved)."""
     c = args.common
-    try:
-        models.resolve(c.model)  # an offline model is built here, once per machine
-    except (OSError, ValueError) as e:
-        raise SystemExit(f"--model: {e}") from None
     fmt = args.rollout.tool_format
-    if fmt == "auto":
-        fmt = rollout.resolve_tool_format(models.load_tokenizer(c.model), fmt)
-    cfg = dataclasses.replace(args.rollout, tool_format=fmt)
+    try:  # bad settings stop the run here, before a model is trained or loaded
+        tools.offer(args.rollout.tools)
+        models.resolve(c.model)  # an offline model is built here, once per machine
+        if fmt == "auto":
+            fmt = rollout.resolve_tool_format(models.load_tokenizer(c.model), fmt)
+        cfg = dataclasses.replace(args.rollout, tool_format=fmt)
+        rollout.check(cfg, args.saar if args.saar.saar else None)
+    except (OSError, ValueError) as e:
+        raise SystemExit(str(e)) from None
     if args.run.warm_start and c.model in models.OFFLINE and fmt != "none":  # cached after once
         return warmstart.warm_start(c.model, tool_format=fmt, seed=c.seed, fix_fraction=args.run.warm_start_fix,
                                     tool_output_chars=cfg.tool_output_chars), cfg
     return c.model, cfg
 
 
-def build(args: Args, model_path: str, device: str, world: int, log):
-    """The policy (FSDP2 over ranks), the engine, and the reference model for a KL term. Returns (policy,
-    ref, engine, whether the engine has its own copy of the weights, tokenizer)."""
-    c = args.common
-    g = args.grpo
-    e = args.machinery.engine
-    how = args.machinery.update
-    tokenizer = models.load_tokenizer(model_path)
-    # one process: fp32 weights, the update under torch.autocast in --update-dtype; FSDP2: fp32 masters
-    # sharded, compute in --update-dtype, gradients reduced in fp32
-    policy = models.load_model(model_path, dtype=torch.float32).to("cpu" if how.offload and world > 1 else device)
-    packing.packed_attention(policy)  # packed rows: sdpa sequence by sequence, not over the whole row
-    grpo.freeze_below(policy, g.train_layers)
-    if g.lora_rank:  # adapters before sharding, so FSDP2 shards them with their layer
-        grpo.add_lora(policy, g.lora_rank, g.lora_alpha, g.train_layers)
-    if world > 1:
-        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
-        kw = dict(mp_policy=MixedPrecisionPolicy(param_dtype=precision.DTYPES[how.update_dtype],
-                                                 reduce_dtype=torch.float32))
-        if how.offload:
-            kw["offload_policy"] = CPUOffloadPolicy()
-        for layer in policy.model.layers:
-            fully_shard(layer, **kw)
-        fully_shard(policy, **kw)
-    dtype = precision.DTYPES[e.dtype]
-    bf16 = "bfloat16" in (e.dtype, how.update_dtype)
-    if torch.device(device).type == "cpu" and bf16 and not precision.native_bf16():
-        log("dtype: this CPU has no native bfloat16 (AVX512-BF16 or AMX), so bfloat16 runs slower than "
-            "float32 here: pass --update-dtype float32 (and --dtype float32)")
-    # The HF engine gets its own copy of the weights, refreshed after each update, in a lower --dtype,
-    # under FSDP (which needs whole weights) and with LoRA (the engine takes merged weights); otherwise it
-    # reads the policy's own. SGLang (colocated, one engine per rank) holds its own weights and frees its
-    # memory in the update.
-    gen_model = None
-    if e.engine == "hf":
-        gen_model = (models.load_model(model_path, dtype=dtype).to(device).eval()
-                     if world > 1 or dtype != torch.float32 or g.lora_rank else policy)
-    eng = engine_mod.build_engine(e.engine, tokenizer, model=gen_model,
-                                  model_path=models.resolve(model_path) if e.engine == "sglang" else None,
-                                  max_batch=e.engine_batch, deterministic=e.deterministic, lockstep=e.lockstep,
-                                  dtype=e.dtype, mem_fraction_static=e.sglang_mem_fraction, seed=c.seed,
-                                  server_url=e.sglang_url or None, device=device)
-    ref = None
-    if g.kl_coef > 0:
-        ref_dtype = torch.float32 if world == 1 else precision.DTYPES[how.update_dtype]
-        ref = models.load_model(model_path, dtype=ref_dtype).to(device).eval()
-        packing.packed_attention(ref)
-    return policy, ref, eng, gen_model is not policy, tokenizer
-
-
 def read_data(args: Args) -> tuple[list, list]:
     """(training problems, held-out problems) as their files hold them; a missing file stops the run."""
     d = args.data
-    try:
-        return (load_problems(d.train_data, seed=args.common.seed, n=None),  # the held-out set: a seed never trained
+    try:  # the held-out set: from a seed never trained on
+        return (load_problems(d.train_data, seed=args.common.seed, n=None),
                 load_problems(d.eval_data, seed=args.common.seed + 10_007, n=d.eval_size)[:d.eval_size])
     except (OSError, problems.DataError) as e:
         raise SystemExit(f"data: {e}") from None
-
-
-def load_data(args: Args, raw: tuple[list, list], tokenizer, cfg, templates, log):
-    """(training problems, held-out problems, the training order: indices into the first)."""
-    d = args.data
-    seed = args.common.seed
-    train_set, eval_set = raw
-    if d.max_prompt_tokens and not args.run.eval_only:  # the official recipe drops long prompts at load time
-        n_all = len(train_set)
-        train_set = [p for p in train_set if len(rollout.prompt_ids(tokenizer, p.problem, p.task, cfg.tool_format,
-                                                                    templates=templates, meta=p.meta))
-                     <= d.max_prompt_tokens]
-        if len(train_set) < n_all:
-            log(f"data: dropped {n_all - len(train_set)} of {n_all} training problems whose prompt is longer "
-                f"than --max-prompt-tokens {d.max_prompt_tokens}")
-        if not train_set:
-            raise SystemExit(f"--train-data {d.train_data}: every prompt is longer than --max-prompt-tokens "
-                             f"{d.max_prompt_tokens}")
-    order = np.random.default_rng(seed).permutation(len(train_set)).tolist()  # fixed data order
-    if d.data_order == "stratified":  # every third of a run has the same mix of kinds
-        order = problems.stratified(order, [p.meta.get("kind") or p.task for p in train_set])
-    if d.train_size:  # a pool the run passes over more than once: later steps revisit earlier problems
-        if d.train_size > len(order):
-            log(f"data: --train-size {d.train_size} is more than the {len(order)} training problems of "
-                f"{d.train_data}: training on all of them")
-        order = order[:d.train_size]
-    return train_set, eval_set, order
 
 
 def resume(s: Setup) -> tuple[int, int]:
@@ -397,7 +292,7 @@ def sample_groups(s: Setup, step: int, data_pos: int, t: dict):
                  for j in range(n)]
         metas = [dict(problem_id=p.id, group=k, sample=j) for k, p in zip(here, problems_r) for j in range(n)]
         trajs_r, correct_r = s.loop.run_until_complete(rollout.rollout_and_grade(
-            s.eng, s.sandbox, s.tokenizer, problems_r, s.cfg, saar, saar_p=args.saar.rollback_p, grade=s.grade,
+            s.eng, s.sandbox, s.tokenizer, problems_r, s.cfg, saar, grade=s.grade,
             n=n, seeds=seeds, metas=metas, templates=s.templates, progress=s.master, times=t))
         rewards_r = [(1.0 if ok else -1.0) + reward.overlong_penalty(len(tr.response_ids), s.cfg.max_response_tokens,
                                                                      g.overlong_buffer, g.overlong_penalty)
@@ -418,14 +313,6 @@ def sample_groups(s: Setup, step: int, data_pos: int, t: dict):
     cut = min(have, len(mine)) * n  # DAPO keeps a full batch; extra groups of the last round are not trained on
     sampling = dict(sample_rounds=rounds, dropped_groups=dropped)
     return trajs[:cut], rewards[:cut], groups[:cut], seen, data_pos, sampling
-
-
-def gather(obj, world: int) -> list:
-    """Every rank's obj, in rank order (all_gather_object); [obj] on one process."""
-    parts = [obj] if world == 1 else [None] * world
-    if world > 1:
-        dist.all_gather_object(parts, obj)
-    return parts
 
 
 def old_logprobs(s: Setup, batch: list, mbs: int) -> dict:
@@ -480,14 +367,9 @@ def push_weights(s: Setup) -> None:
     g = s.args.grpo
     s.eng.resume_memory()
     if s.own_copy:
-        s.eng.update_weights(checkpoint.full_state(s.policy, lora_scale(g)).items())
+        s.eng.update_weights(checkpoint.full_state(s.policy, grpo.lora_scale(g)).items())
     else:
         s.eng.flush_cache()
-
-
-def lora_scale(g: config.Grpo) -> float:
-    """alpha / rank, what merges LoRA adapters into their weights (0.0: no adapters)."""
-    return g.lora_alpha / g.lora_rank if g.lora_rank else 0.0
 
 
 # ---------------------------------------------------------------------- log
@@ -511,6 +393,10 @@ def step_metrics(seen, adv_stats, stats, t, world, **extra) -> dict:
              saar_regen_tokens=sum(e.get("regen_tokens", 0) for e in events),
              saar_similarity=[round(e["similarity"], 4) for e in events
                               if e.get("similarity") is not None and e["similarity"] == e["similarity"]])
+    for name in [*tools.TOOLS, "malformed"]:  # per tool: calls per trajectory, errors per call
+        used = [tr.tool_use.get(name, (0, 0)) for tr in trajs]
+        m[f"tool_calls_{name}"] = sum(u[0] for u in used) / n
+        m[f"tool_err_{name}"] = sum(u[1] for u in used) / max(1, sum(u[0] for u in used))
     m.update({k: v for k, v in stats.items() if isinstance(v, (int, float))})
     m.update({f"t_{k}": v for k, v in t.items()})
     m.update(extra)
@@ -544,12 +430,14 @@ def finish(s: Setup, start_step: int, saving, t_run: float) -> None:
     paired 95% CI, the training reward's first and last thirds), and everything closed."""
     r = s.args.run
     if r.steps > start_step and not r.eval_only:
-        checkpoint.save_hf(os.path.join(s.out, "hf"), s.policy, s.tokenizer, s.master, lora_scale(s.args.grpo))
+        checkpoint.save_hf(os.path.join(s.out, "hf"), s.policy, s.tokenizer, s.master, grpo.lora_scale(s.args.grpo))
     if saving is not None:
         saving.result()
     if s.master and s.args.data.eval_size:
         for line in heldout.summary(s.out, r.steps):
             s.log(line)
+    if s.master:
+        s.log(f"report: {report.write(s.out)} (open it in a browser)")
     for closing in (s.sandbox.close, s.eng.shutdown, s.loop.close):
         closing()
     if s.world > 1:

@@ -44,6 +44,8 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 # load_named() names -> file names in the data dir. The first six ship in ../shared/data; the rest
@@ -249,3 +251,28 @@ def stratified(order: list[int], strata: list) -> list[int]:
         out += [q[depth] for q in queues.values() if depth < len(q)]
         depth += 1
     return out
+
+
+def training_order(train_set: list[Problem], d, seed: int, log, prompt_len, drop_long: bool = True):
+    """(the training problems, the order train.py takes them in: indices into them). d: the run's config.Data.
+    Problems whose prompt (prompt_len tokens) is longer than d.max_prompt_tokens are dropped and counted, as the
+    official recipe does at load time; then one seeded permutation (veRL's sampler), with --data-order
+    stratified the kinds in turn, cut to --train-size (a pool the run passes over more than once)."""
+    if d.max_prompt_tokens and drop_long:
+        n_all = len(train_set)
+        train_set = [p for p in train_set if prompt_len(p) <= d.max_prompt_tokens]
+        if len(train_set) < n_all:
+            log(f"data: dropped {n_all - len(train_set)} of {n_all} training problems whose prompt is longer "
+                f"than --max-prompt-tokens {d.max_prompt_tokens}")
+        if not train_set:
+            raise SystemExit(f"--train-data {d.train_data}: every prompt is longer than --max-prompt-tokens "
+                             f"{d.max_prompt_tokens}")
+    order = np.random.default_rng(seed).permutation(len(train_set)).tolist()
+    if d.data_order == "stratified":  # every third of a run has the same mix of kinds
+        order = stratified(order, [p.meta.get("kind") or p.task for p in train_set])
+    if d.train_size:
+        if d.train_size > len(order):
+            log(f"data: --train-size {d.train_size} is more than the {len(order)} training problems of "
+                f"{d.train_data}: training on all of them")
+        order = order[:d.train_size]
+    return train_set, order

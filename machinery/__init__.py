@@ -6,12 +6,14 @@ Each module is called from a named place in the root, so a reader of the algorit
   mismatch.py    the engine/trainer log-prob gap, veRL's rollout correction   train.py
   lcb.py         code answers run against their tests, judged outside         reward.grade_code
   mathverify.py  math-verify in worker processes, behind a timeout            reward.math_equal
+  policy.py      the policy placed: FSDP2 over ranks, its engine, reference  train.setup
   checkpoint.py  the run folder: run.json, checkpoints, metrics, HF export    train.py
   evalcache.py   the step-0 evaluation, reused across runs                    train.py
   warmstart.py   the cold start (sft.py), trained once and reused             train.py, bench/rollout.py
   engine.py      the generation engines: HF (CPU) and SGLang, one interface   build_engine: train.py, eval.py, sft.py
   zygote.py      the sandbox's pool and zygotes (the zygote's whole program)  sandbox.Sandbox
 packing, precision, mismatch, lcb, mathverify, engine and zygote are leaves: they import no project module
-(tests/test_imports.py checks it). checkpoint.py reads config.py, evalcache.py the modules whose source is part
-of its key, and warmstart.py runs sft.py.
+(tests/test_imports.py checks it). checkpoint.py reads config.py and engine.require, evalcache.py the modules
+whose source is part of its key, warmstart.py runs sft.py, and policy.py calls grpo.py's freezing and LoRA
+before it shards.
 """

@@ -26,6 +26,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_state_dict)
 
 import config
+from machinery import engine
 
 
 def write_run_info(out: str, args) -> None:
@@ -46,6 +47,28 @@ def write_run_info(out: str, args) -> None:
     from importlib import metadata
     with open(os.path.join(out, "packages.txt"), "w") as f:
         f.write("\n".join(sorted(f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions())) + "\n")
+
+
+def prepare_run(args, world: int, master: bool) -> tuple[str, str]:
+    """Checks that need the world size or the disk, then the run folder and its run.json: (folder,
+    checkpoint path)."""
+    r = args.run
+    g = args.grpo
+    if g.prompts_per_step % g.mini_batch_prompts or g.mini_batch_prompts % world:
+        raise SystemExit(f"prompts_per_step ({g.prompts_per_step}) must divide by mini_batch_prompts "
+                         f"({g.mini_batch_prompts}), and that by the world size ({world})")
+    if r.eval_only and not args.data.eval_size:
+        raise SystemExit(f"--eval-only: the run {r.run_name!r} has --eval-size 0, no held-out set to evaluate")
+    if args.machinery.engine.deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    out = os.path.join(r.out_dir, r.run_name or time.strftime("run-%Y%m%d-%H%M%S"))
+    if r.resume and not os.path.exists(os.path.join(out, "ckpt.pt")):
+        raise SystemExit(f"--resume: no checkpoint at {os.path.join(out, 'ckpt.pt')}")
+    engine.require(args.machinery.engine.engine)
+    if master:
+        os.makedirs(os.path.join(out, "rollouts"), exist_ok=True)
+        write_run_info(out, args)  # --eval-only: a line in evals.jsonl, run.json is the run's
+    return out, os.path.join(out, "ckpt.pt")
 
 
 # --eval-only keeps these of the call's own settings; everything else comes from the run's run.json
@@ -179,10 +202,11 @@ def metric_writer(out: str, args: Args):
 
 def dump_rollouts(out: str, step: int, seen, tokenizer) -> None:
     """A step's whole rollouts (traj, reward, correct) as rollouts/step_N.jsonl in the run folder, one a line:
-    what the model wrote, its reward and SAAR's events."""
+    what the model wrote (`masked`: the character ranges not trained on), its reward and SAAR's events, each with
+    the text it removed and the text that took its place (saar.retry_failed_call), `at` its character range."""
     with open(os.path.join(out, "rollouts", f"step_{step:06d}.jsonl"), "w") as f:
         for tr, r, _ in seen:
             f.write(json.dumps(dict(meta=tr.meta, reward=r, prompt=tokenizer.decode(tr.prompt_ids), response=tr.text,
-                                    finish_reason=tr.finish_reason, truncated=tr.truncated, turns=tr.turns,
-                                    saar=tr.saar, saar_events=tr.saar_events, num_tool_calls=tr.num_tool_calls,
+                                    masked=tr.masked, finish_reason=tr.finish_reason, truncated=tr.truncated,
+                                    turns=tr.turns, saar=tr.saar, saar_events=tr.saar_events, num_tool_calls=tr.num_tool_calls,
                                     num_tool_errors=tr.num_tool_errors, response_len=len(tr.response_ids))) + "\n")

@@ -2,13 +2,15 @@
 
 A run's held-out score before its first update is a function of the weights, the evaluation's settings and the
 evaluation's code, so a run that would compute the same score as an earlier one (the same cold start with other
-training flags, say) takes the earlier one's. The key hashes the model folder's files, every setting but those
-in NOT_IN_EVAL, the prompt templates, the source of the modules the evaluation runs, and the torch and
-transformers versions. An entry is <cache>/eval/<key>/ (metrics.json, eval_step000000.jsonl), written whole and
+training flags, say) takes the earlier one's. The key hashes the model folder's files, the settings of the
+sections the evaluation reads (READS) but those declared out beside their field (config.not_in_eval), the prompt
+templates, the source of the modules the evaluation runs, and the torch and transformers versions. SAAR's
+settings and saar.py count only with test-time SAAR on (--eval-saar), so an ablation of SAAR keeps the entry. An entry is <cache>/eval/<key>/ (metrics.json, eval_step000000.jsonl), written whole and
 renamed into place. A hub id is not hashed, so its runs are not cached.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -17,16 +19,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-# settings that cannot change the step-0 evaluation: runs that differ only in these share its entry
-NOT_IN_EVAL = {"run_name", "out_dir", "steps", "resume", "faithful", "eval_only", "eval_every", "eval_cache",
-               "update_dtype", "train_data", "data_order", "train_size", "prompts_per_step", "samples_per_prompt",
-               "max_prompt_tokens", "saar", "rollback_p", "lr", "warmup_steps", "warmup_unit", "weight_decay",
-               "mini_batch_prompts", "train_layers", "max_tokens_per_micro", "share_prompts", "clip_low",
-               "clip_high", "dual_clip_c", "agg", "norm_adv_std", "dynamic_sampling", "max_sample_rounds", "kl_coef",
-               "kl_type", "overlong_buffer", "overlong_penalty", "grad_clip", "max_nonfinite_skips",
-               "gradient_checkpointing", "loss_scale", "loss_scale_growth", "offload", "save_every", "dump_rollouts",
-               "wandb_project", "rollout_is", "rollout_is_threshold", "rollout_is_threshold_lower",
-               "mismatch_warn_kl"}
+# the sections the held-out evaluation reads: the key holds each of their settings but those declared out beside
+# their field (config.not_in_eval); the others (grpo, run, update) are training's alone
+READS = ("Common", "Data", "Rollout", "Saar", "Engine", "Sandbox")
 RECORDS = "eval_step000000.jsonl"  # the step-0 per-problem records eval.held_out writes in the run folder
 
 
@@ -71,14 +66,23 @@ def key(args, model_path: str, templates: dict | None = None) -> str | None:
     h = hashlib.sha256()
     # not the cold start's build record: its timings and pid change with every rebuild of the same weights
     models.hash_files(h, folder, skip=(sft.MARKER,))
-    fields = {k: v for k, v in config.flat(args).items() if k not in NOT_IN_EVAL}
+    saar_on = args.saar.eval_saar != "off"  # off: the evaluation reads no SAAR setting and runs no line of saar.py
+    fields = {f.name: getattr(s, f.name) for s in config.sections(args) if eval_reads(s)
+              and (saar_on or not isinstance(s, config.Saar)) for f in dataclasses.fields(s)
+              if f.metadata.get("in_eval", True)}
     fields["templates"] = templates  # the wording --prompt-template loaded, not its path
     h.update(json.dumps(fields, sort_keys=True).encode())
-    for mod in (engine, reward, lcb, mathverify, rollout, saar, sandbox, zygote, tools, models, problems, synth):
+    with_saar = (saar,) if saar_on else ()  # an ablation of SAAR (its code or its settings) keeps the entry
+    for mod in (engine, reward, lcb, mathverify, rollout, sandbox, zygote, tools, models, problems, synth) + with_saar:
         h.update(inspect.getsource(mod).encode())
     h.update(inspect.getsource(heldout.held_out).encode())
     h.update(" ".join(metadata.version(d) for d in ("torch", "transformers")).encode())
     return h.hexdigest()[:20]
+
+
+def eval_reads(section) -> bool:
+    """Whether the evaluation reads this section of the arguments (a subclass, TrainSaar say, is its base's)."""
+    return any(c.__name__ in READS for c in type(section).__mro__)
 
 
 def _root() -> Path:

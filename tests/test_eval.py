@@ -336,7 +336,7 @@ def test_the_eval_scripts_flags_parse_to_the_papers_settings():
         r = a.rollout
         assert (r.temperature, r.top_p, r.max_turns, r.max_response_tokens, a.saar.saar) == (1.0, 0.6, 16, 20480, "paper")
         # hermes, as the training scripts write it: a checkpoint is evaluated in the format it was trained in
-        assert a.bench.tools == ("notool" not in name) and r.tool_format == "hermes" and a.engine.engine == "sglang"
+        assert r.tool_format == ("none" if "notool" in name else "hermes") and a.engine.engine == "sglang"
         # --faithful: every official choice eval.py has
         assert r.tool_echo and r.tool_header and r.repair_json and not r.tool_cap_ends and not r.last_turn_calls
         assert a.saar.sim_eos and a.bench.lcb_grader == "official" and a.common.model.endswith("/hf")
@@ -364,7 +364,7 @@ def test_faithful_sets_the_official_rollout(monkeypatch):
 
 def test_generate_passes_its_settings_to_the_rollout(monkeypatch):
     """Every rollout, SAAR and sandbox setting of eval.py reaches the rollout: the config.Rollout with its tool
-    format and budget resolved, the config.Saar when test-time SAAR is on (saar_p 1.0), the sandbox's limits."""
+    format and budget resolved, the config.Saar when test-time SAAR is on (rollback_p 1.0), the sandbox's limits."""
     import rollout
     seen = []
 
@@ -381,13 +381,13 @@ def test_generate_passes_its_settings_to_the_rollout(monkeypatch):
     assert ev.generate(config.cli(config.Eval, "", argv), [prob]) == []
     assert [s["saar"] is None for s in seen] == [True, False]  # --saar both: off, then on
     cfg, s = seen[1]["cfg"], seen[1]["saar"]
-    assert (s.gamma, s.max_retries, s.sim_eos, s.sim_on) == (0.7, 2, True, "call") and seen[1]["saar_p"] == 1.0
+    assert (s.gamma, s.max_retries, s.sim_eos, s.sim_on) == (0.7, 2, True, "call") and s.rollback_p == 1.0
     assert cfg.tool_echo and cfg.repair_json and cfg.tool_cap_ends is False and cfg.max_tool_calls == 7
     assert (cfg.tool_format, cfg.max_response_tokens, cfg.error_format) == ("hermes", 64, "last_line")
     assert (cfg.temperature, cfg.top_p, cfg.max_turns) == (1.0, 0.6, 16)  # the paper's evaluation
     assert seen[0]["sandbox"] == (1, 3.0, 512) and seen[0]["n"] == 3 and seen[0]["seeds"] == [5_000_015, 5_000_016, 5_000_017]
     seen.clear()
-    ev.generate(config.cli(config.Eval, "", ["--model", "tiny-qwen3", "--no-tools", "--saar", "off"]), [prob])
+    ev.generate(config.cli(config.Eval, "", ["--model", "tiny-qwen3", "--tool-format", "none", "--saar", "off"]), [prob])
     import torch
     budget = 20480 if torch.cuda.is_available() else 1024  # --max-new-tokens 0: by device
     assert (seen[0]["cfg"].tool_format, seen[0]["cfg"].max_response_tokens) == ("none", budget)
@@ -486,10 +486,15 @@ def test_held_out_greedy_with_and_without_test_time_saar(tok, sb, tmp_path):
     assert m["eval_greedy_tool_err"] == m["eval_greedy_saar_tool_err"] == 1.0  # the purified call's first attempt
     assert (m["eval_greedy_tool_calls"], m["eval_greedy_saar_tool_calls"]) == (1.0, 0.5) and m["t_eval"] > 0
     assert set(eng.temps) == {0.0}
-    assert eval_rows(tmp_path, 0) == [
+    rows = eval_rows(tmp_path, 0)
+    assert [{k: r[k] for k in ("id", "ok", "calls", "errors", "eval")} for r in rows] == [
         dict(id="a", ok=True, calls=0, errors=0, eval="eval_greedy"), dict(id="b", ok=False, calls=2, errors=2, eval="eval_greedy"),
         dict(id="a", ok=True, calls=0, errors=0, eval="eval_greedy_saar"),
         dict(id="b", ok=True, calls=1, errors=1, eval="eval_greedy_saar")]
+    # each record holds the trajectory a reader (report.py) shows: its text, the masked ranges, SAAR's events
+    assert rows[0]["response"] == "\\boxed{2}<|im_end|>" and rows[0]["masked"] == [] and rows[0]["saar_events"] == []
+    assert [e["kind"] for e in rows[3]["saar_events"]] == ["shallow"] and rows[1]["saar_events"] == []
+    assert "Error" in rows[1]["response"] and len(rows[1]["masked"]) == 2  # both failed calls' errors stay
     assert ev.format_eval(m) == "greedy acc 0.500 tool_err 1.00 | greedy_saar acc 1.000 tool_err 1.00"
     # a later evaluation of the same step (--eval-only --eval-saar on) replaces its own kind and keeps the others
     m2, _ = held_out(tok, sb, ["\\boxed{5}<|im_end|>", "\\boxed{5}<|im_end|>"], str(tmp_path), eval_saar="on")

@@ -3,6 +3,7 @@ else; a damaged entry is evaluated again. The evaluation is eval.held_out's, wit
 fake)."""
 import asyncio
 import dataclasses
+import inspect
 import shutil
 
 import pytest
@@ -73,9 +74,13 @@ def test_the_key_covers_weights_eval_settings_templates_and_code(tmp_path, monke
     assert key == evalcache.key(config.replace(args, lr=0.5, saar=False, steps=99, run_name="x", data_order="stratified",
                                                update_dtype="bfloat16", faithful=True, rollout_is="token",
                                                mismatch_warn_kl=0.1), "tiny-qwen3")
-    for change in (dict(max_turns=2), dict(eval_saar="both"), dict(seed=4), dict(temperature=0.9), dict(gamma=0.7),
+    for change in (dict(max_turns=2), dict(eval_saar="both"), dict(seed=4), dict(temperature=0.9),
                    dict(eval_data="synth"), dict(tool_memory_mb=512), dict(math_grader="strict-box")):
         assert evalcache.key(config.replace(args, **change), "tiny-qwen3") != key, change
+    # SAAR's settings count only where the evaluation runs SAAR (--eval-saar on or both)
+    assert evalcache.key(config.replace(args, gamma=0.7), "tiny-qwen3") == key
+    on = config.replace(args, eval_saar="on")
+    assert evalcache.key(config.replace(on, gamma=0.7), "tiny-qwen3") != evalcache.key(on, "tiny-qwen3")
     assert evalcache.key(args, "tiny-qwen3", {"system": "Be brief."}) != key  # the prompt templates' wording
     other = shutil.copytree(models.resolve("tiny-qwen3"), tmp_path / "other")
     assert evalcache.key(args, str(other)) == key  # a copy of the same files: the same key
@@ -95,10 +100,36 @@ def test_the_key_covers_weights_eval_settings_templates_and_code(tmp_path, monke
     assert evalcache.key(args, "tiny-qwen3") != key
 
 
-def test_not_in_eval_names_only_settings_of_a_run():
-    """A renamed or deleted setting left in NOT_IN_EVAL would silently leave the key (and the cache) keyed on less."""
-    names = set(config.flat(config.Train()))
-    assert evalcache.NOT_IN_EVAL <= names, sorted(evalcache.NOT_IN_EVAL - names)
+def test_a_new_setting_is_in_the_key_unless_declared_out_beside_its_field():
+    """An ablation's new field in a section the evaluation reads changes the key by itself: no list to keep in step.
+    Declared out with config.not_in_eval, it does not. Training's own sections never reach the key."""
+    @dataclasses.dataclass
+    class Rollout(config.Rollout):
+        new_knob: int = 0
+        new_train_only_knob: int = config.not_in_eval(0)
+    args = dataclasses.replace(train_args(), rollout=Rollout())
+    key = evalcache.key(args, "tiny-qwen3")
+    assert evalcache.key(dataclasses.replace(args, rollout=Rollout(new_knob=1)), "tiny-qwen3") != key
+    assert evalcache.key(dataclasses.replace(args, rollout=Rollout(new_train_only_knob=1)), "tiny-qwen3") == key
+
+    @dataclasses.dataclass
+    class Grpo(config.Grpo):
+        new_loss_knob: int = 0
+    assert evalcache.key(dataclasses.replace(args, grpo=Grpo(new_loss_knob=1)), "tiny-qwen3") == key
     # what the evaluation reads stays in the key
-    assert not {"model", "seed", "eval_data", "eval_size", "eval_saar", "eval_sampled", "tool_format", "temperature",
-                "max_turns", "max_response_tokens", "gamma", "engine", "dtype", "tool_timeout_s"} & evalcache.NOT_IN_EVAL
+    for change in (dict(seed=3), dict(eval_size=5), dict(eval_sampled=True), dict(tool_format="hermes"),
+                   dict(max_response_tokens=99), dict(engine="sglang"), dict(dtype="bfloat16"),
+                   dict(tool_timeout_s=1.0)):
+        assert evalcache.key(config.replace(args, **change), "tiny-qwen3") != key, change
+
+
+def test_editing_saar_keeps_the_entry_unless_the_evaluation_runs_saar(monkeypatch):
+    """With test-time SAAR off, the held-out evaluation runs none of saar.py and reads none of its settings: an
+    ablation that edits it, or sets --gamma, keeps the step-0 evaluation; with --eval-saar on it does not."""
+    import saar
+    off, on = train_args(), config.replace(train_args(), eval_saar="on")
+    keys = evalcache.key(off, "tiny-qwen3"), evalcache.key(on, "tiny-qwen3")
+    real = inspect.getsource
+    monkeypatch.setattr(inspect, "getsource", lambda m: real(m) + ("# edited" if m is saar else ""))
+    assert evalcache.key(off, "tiny-qwen3") == keys[0] and evalcache.key(on, "tiny-qwen3") != keys[1]
+    assert evalcache.key(config.replace(off, gamma=0.0, max_retries=1, sim_on="code"), "tiny-qwen3") == keys[0]

@@ -35,12 +35,11 @@ def tool_ids(tok, text, ended=False):
 PAPER = config.Rollout(tool_format="hermes", max_turns=16, max_response_tokens=20480, temperature=1.0)
 
 
-def run(tok, sb, turns, saar=None, saar_p=1.0, **kw):
+def run(tok, sb, turns, saar=None, **kw):
     """One scripted trajectory; kw: fields of config.Rollout replacing PAPER's; saar: a config.Saar (SAAR on)."""
     eng = ScriptedEngine(tok, turns)
     prompt = rollout.prompt_ids(tok, "What is 6*7?", "math", "hermes")
-    traj = asyncio.run(rollout.rollout_one(eng, sb, tok, prompt, dataclasses.replace(PAPER, **kw), saar,
-                                           saar_p=saar_p, seed=1))
+    traj = asyncio.run(rollout.rollout_one(eng, sb, tok, prompt, dataclasses.replace(PAPER, **kw), saar, seed=1))
     return traj, eng, prompt
 
 
@@ -138,6 +137,45 @@ def test_error_fix_success_is_purified(tok, sb):
     assert len(traj.turns) == 1 and traj.turns[0]["ok"]
 
 
+def test_each_purification_is_on_record_with_what_it_removed_and_where_its_replacement_sits(tok, sb):
+    """A reader of the dumped rollouts sees what SAAR removed (the failed turn, the error the model saw), what it
+    regenerated and spliced in, and where that sits in the purified text; and which characters were trained on."""
+    reasoning = "Sum 0..9 with code.\n"
+    bad = call("print(sum(range(10))", reasoning)
+    fixed = call("print(sum(range(10)))", "I forgot a parenthesis.\n")
+    traj, eng, _ = run(tok, sb, [bad, fixed, "\\boxed{45}<|im_end|>"], saar=SAAR)
+    e = traj.saar_events[0]
+    assert (e["kind"], e["gamma"], e["failed"], e["regenerated"]) == ("shallow", 0.5, bad, fixed)
+    assert "SyntaxError" in e["error"] and e["error"] in tok.decode(eng.inputs[1])  # what the model saw
+    assert e["replacement"] == call("print(sum(range(10)))", reasoning)  # old reasoning, new call
+    assert traj.text[e["at"][0]:e["at"][1]] == e["replacement"] and e["at"][0] == 0
+    assert traj.text == tok.decode(traj.response_ids)
+    masked = "".join(traj.text[a:b] for a, b in traj.masked)  # exactly the tool turn
+    assert masked == tok.decode(tool_ids(tok, "45\n")) and len(traj.masked) == 1
+    # a deep purification, and a given-up one whose failed attempt and error stay in the text
+    deep = call("import math\nprint(math.factorial(4))", "A whole other way, from scratch.\n")
+    traj, _, _ = run(tok, sb, [call("print(undefined_x)"), deep, "\\boxed{24}<|im_end|>"], saar=config.Saar(gamma=0.99))
+    e = traj.saar_events[0]
+    assert e["kind"] == "deep" and e["replacement"] == deep and traj.text[e["at"][0]:e["at"][1]] == deep
+    fails = [call(f"print(undefined_{i})") for i in range(4)]
+    traj, _, _ = run(tok, sb, fails + ["\\boxed{0}<|im_end|>"], saar=SAAR)
+    gave_up = traj.saar_events[-1]
+    assert gave_up["kind"] == "given_up" and gave_up["failed"] == fails[3] and "at" not in gave_up
+    assert "undefined_3" in gave_up["error"] and gave_up["error"] in traj.text
+    assert [traj.text[a:b] for a, b in traj.masked] == [tok.decode(traj.response_ids[i:j]) for i, j in
+                                                         mask_runs(traj)]
+
+
+def mask_runs(traj):
+    """[start, end) token ranges of the loss-mask-0 runs."""
+    runs, i = [], 0
+    for m, part in segments(traj):
+        if m == 0:
+            runs.append((i, i + len(part)))
+        i += len(part)
+    return runs
+
+
 def test_three_failures_give_up_and_keep_error(tok, sb):
     fails = [call(f"print(undefined_{i})") for i in range(4)]
     turns = fails + [call("print(also_undefined)"), "\\boxed{0}<|im_end|>"]
@@ -168,7 +206,7 @@ def test_regenerated_answer_keeps_error_and_turns_saar_off(tok, sb):
 def test_rollback_p0_is_bit_identical_to_plain(tok, sb):
     turns = [call("print(1/0)"), call("print(1/1)"), "\\boxed{1}<|im_end|>"]
     plain, _, _ = run(tok, sb, list(turns))
-    off, _, _ = run(tok, sb, list(turns), saar=SAAR, saar_p=0.0)
+    off, _, _ = run(tok, sb, list(turns), saar=config.Saar(rollback_p=0.0))
     assert not off.saar and off.saar_events == []
     for f in ("response_ids", "loss_mask", "logprobs", "finish_reason", "turns", "text"):
         assert getattr(off, f) == getattr(plain, f), f

@@ -260,10 +260,10 @@ def test_eval_rolls_out_and_counts_calls_and_answers(fmt):
     assert (r["blocks"], r["right"], r["final"]) == (0, 0, 0), r
 
 
-def test_rewording_a_prompt_or_an_error_text_builds_a_new_warm_start(tmp_path):
-    """The warm start's cache key covers the code and texts that write its conversations: in a copy of the
-    checkout, rewording the math prompt (rollout.py) gives another key, so warm_start trains a new model rather
-    than reuse the old one, and so does rewording the timeout error the model reads (tools.py)."""
+def test_the_warm_start_keys_on_its_conversations_not_on_source(tmp_path):
+    """The warm start's cache key covers what it trains on: in a copy of the checkout, rewording the math prompt
+    (rollout.py) or the traceback the model reads (tools.py) gives another key, so warm_start trains a new model;
+    editing the algorithm (saar.py, grpo.py), which writes no conversation, keeps the key and the cached model."""
     import shutil
     import subprocess
     import sys
@@ -271,21 +271,26 @@ def test_rewording_a_prompt_or_an_error_text_builds_a_new_warm_start(tmp_path):
     copy = tmp_path / "checkout"
     shutil.copytree(root, copy, ignore=shutil.ignore_patterns(".git", ".venv*", "__pycache__", "out", "tests",
                                                                  "docs", "bench", "scripts"))
+    fixes = {"fix_fraction": 1.0}  # every conversation makes a broken call and reads its real error
 
     def key() -> str:
-        code = "from machinery import warmstart; print(warmstart.cache_key('tiny-bytes', 'markdown', 0, 1, {}))"
+        code = f"from machinery import warmstart; print(warmstart.cache_key('tiny-bytes', 'markdown', 0, 6, {fixes}))"
         return subprocess.run([sys.executable, "-c", code], cwd=copy, capture_output=True, text=True,
                               check=True).stdout.strip()
 
-    def reword(name: str, old: str, new: str) -> None:
+    def edit(name: str, old: str, new: str) -> None:
         f = copy / name
         assert old in f.read_text()
         f.write_text(f.read_text().replace(old, new))
     first = key()
-    assert key() == first  # the same source, the same key
-    reword("rollout.py", "Solve the following math problem step by step.", "Solve this math problem carefully.")
+    edit("saar.py", "return difflib.SequenceMatcher(None, old, new).ratio()", "return 0.0")
+    edit("grpo.py", "pg = torch.maximum(pg1, pg2)", "pg = pg1")
+    assert key() == first  # an ablation of the algorithm reuses the cold start
+    edit("rollout.py", "Solve the following math problem step by step.", "Solve this math problem carefully.")
     second = key()
     assert second != first
-    reword("tools.py", "the code ran longer than the", "your code took longer than the")
+    assert any("Traceback (most recent call last):" in m["content"] for c in
+               synth.warmup_conversations(6, 0, "markdown", 1.0) for m in c["messages"])
+    edit("tools.py", '"Traceback (most recent call last):"', '"Traceback:"')
     assert key() not in (first, second)
-    assert warmstart.cache_key("tiny-bytes", "markdown", 0, 1, {}) == first  # the checkout itself: the copy's first key
+    assert warmstart.cache_key("tiny-bytes", "markdown", 0, 6, fixes) == first  # the checkout itself

@@ -1,5 +1,6 @@
 """The tool seam (tools.py): the Python tool's wording, and a second tool, a calculator, defined here as one class
-plus one line offering it to the run, end to end through rollout_one with SAAR on (the model is scripted)."""
+plus one line making it available (AVAILABLE), offered with --tools, end to end through rollout_one with SAAR on
+(the model is scripted); each call's record names its tool, and a tool that hangs is cut off by its time limit."""
 import ast
 import asyncio
 import dataclasses
@@ -28,6 +29,8 @@ class Calculator(tools.Tool):
     OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
            ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow, ast.USub: operator.neg}
 
+    timeout_s = 1.0
+
     async def run(self, args: dict, env):
         try:
             return self.value(ast.parse(args["expression"].strip(), mode="eval").body)
@@ -38,7 +41,10 @@ class Calculator(tools.Tool):
         if isinstance(node, ast.Constant) and type(node.value) in (int, float):
             return node.value
         if isinstance(node, ast.BinOp) and type(node.op) in self.OPS:
-            return self.OPS[type(node.op)](self.value(node.left), self.value(node.right))
+            left, right = self.value(node.left), self.value(node.right)
+            if isinstance(node.op, ast.Pow) and abs(right) > 1000:  # it computes on the event loop: keep it short
+                raise ValueError(f"exponent too large: {right}")
+            return self.OPS[type(node.op)](left, right)
         if isinstance(node, ast.UnaryOp) and type(node.op) in self.OPS:
             return self.OPS[type(node.op)](self.value(node.operand))
         raise ValueError(f"not arithmetic: {ast.unparse(node)}")
@@ -50,9 +56,24 @@ class Calculator(tools.Tool):
         return tools.ToolResult(ok=True, error_kind="none", text=str(raw))
 
 
+class Hang(tools.Tool):
+    """A tool that never answers (a service that hangs): its time limit cuts it off."""
+    name = "hang"
+    schema = {"type": "function", "function": {"name": name, "description": "Wait.", "parameters": {
+        "type": "object", "properties": {"what": {"type": "string"}}, "required": ["what"]}}}
+    timeout_s = 0.5
+
+    async def run(self, args: dict, env):
+        await asyncio.sleep(3600)
+
+
 @pytest.fixture
 def calculator(monkeypatch):
-    monkeypatch.setitem(tools.TOOLS, Calculator.name, Calculator())  # the one line that offers it to the run
+    monkeypatch.setitem(tools.AVAILABLE, "calculator", Calculator())  # the one line that makes it available
+    monkeypatch.setitem(tools.AVAILABLE, "hang", Hang())
+    tools.offer("python,calculator")  # --tools python,calculator
+    yield
+    tools.offer("python")
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +127,41 @@ def test_a_failed_calculator_call_is_purified_by_saar(fmt, sb, calculator):
     assert "SyntaxError" not in traj.text and "3)" not in traj.text and "too many" not in traj.text
     assert [(t["ok"], t["output"]) for t in traj.turns] == [(True, "126"), (True, "0\n")]
     assert traj.finish_reason == "answer" and traj.num_tool_calls == 3 and traj.num_first_errors == 1
+
+
+def test_tools_flag_offers_the_named_tools_and_the_prompt_follows(tok, calculator):
+    """--tools picks from tools.AVAILABLE; the prompt is made from the offered tools' sentences, in their number;
+    an unknown name is an error that lists the tools."""
+    assert list(tools.TOOLS) == ["code_interpreter", "calculator"]
+    two = rollout.make_prompt("What is 1 + 1?", "math", "markdown")
+    assert Calculator.sentence["markdown"] in two and "Use them for exact" in two and "stop calling the tools" in two
+    tools.offer("python")
+    one = rollout.make_prompt("What is 1 + 1?", "math", "markdown")
+    assert "Use it for exact" in one and "stop calling the tool and" in one and "calculator" not in one
+    with pytest.raises(ValueError, match="unknown 'shell'; the tools are python, calculator, hang"):
+        tools.offer("python,shell")
+    assert config.cli(config.Train, "", ["--tools", "python,calculator"]).rollout.tools == "python,calculator"
+
+
+def test_each_call_is_recorded_with_its_tool_and_a_hanging_tool_is_cut_off(tok, sb, calculator):
+    """A call's record names its tool, the trajectory counts calls and errors by tool (the step's per-tool
+    figures), and a tool that hangs is cut off after its time limit, an error the model reads (and SAAR may fix)."""
+    import time
+    tools.offer("python,calculator,hang")
+    turns = [hermes("hang", {"what": "forever"}, "Wait.\n"), hermes("calculator", {"expression": "2 ** 10"}, "Then.\n"),
+             hermes("code_interpreter", {"code": "print(1/0)"}, "And.\n"), "\\boxed{1024}<|im_end|>"]
+    eng = ScriptedEngine(tok, turns)
+    cfg = config.Rollout(tool_format="hermes", max_turns=4, max_response_tokens=2048, temperature=1.0)
+    t0 = time.monotonic()
+    traj = asyncio.run(rollout.rollout_one(eng, sb, tok, rollout.prompt_ids(tok, "2^10?", "math", "hermes"), cfg))
+    assert time.monotonic() - t0 < 30
+    assert [(t["tool"], t["ok"], t["error_kind"]) for t in traj.turns] == [
+        ("hang", False, "timeout"), ("calculator", True, "none"), ("code_interpreter", False, "exception")]
+    assert traj.turns[0]["output"] == "TimeoutError: the hang tool took longer than 0.5 s and was stopped"
+    assert traj.tool_use == {"hang": [1, 1], "calculator": [1, 0], "code_interpreter": [1, 1]}
+    # the calculator is under its limit too, and refuses what would block the event loop
+    slow = asyncio.run(Calculator().call({"expression": "9 ** 9 ** 9"}, type("Env", (), {"cfg": cfg})()))
+    assert not slow.ok and "exponent too large" in slow.text
 
 
 def test_calls_name_their_tool(calculator):

@@ -143,7 +143,8 @@ def test_every_entry_script_prints_its_help(script):
 
 def test_every_setting_is_declared_once():
     """No flag name is declared in two sections of config.py (so no two entry scripts declare one setting), and
-    train.py's sections come in order: the algorithm's, the run's, then the machinery's (one heading in --help),
+    train.py's sections come in order: the algorithm's, then the model's, the data's and the run's, then the
+    machinery's (one heading in --help),
     SAAR's switches all in its SAAR section."""
     import dataclasses
     fields = lambda cls: [f.name for f in dataclasses.fields(cls)]  # noqa: E731
@@ -152,9 +153,21 @@ def test_every_setting_is_declared_once():
     dup = sorted({n for n in names if names.count(n) > 1})
     assert not dup, dup
     assert set(fields(config.EvalSaar)) - set(fields(config.Saar)) == {"saar"}  # eval.py's --saar paper|on|off|both
-    assert set(fields(config.TrainSaar)) - set(fields(config.Saar)) == {"saar", "rollback_p", "eval_saar"}
+    assert set(fields(config.TrainSaar)) - set(fields(config.Saar)) == {"saar", "eval_saar"}
     train = [type(s).__name__ for s in config.sections(config.Train())]
-    assert train == ["Common", "Rollout", "TrainSaar", "Grpo", "Data", "Run", "Engine", "Sandbox", "Update"]
+    assert train == ["Rollout", "TrainSaar", "Grpo", "Common", "Data", "Run", "Engine", "Sandbox", "Update"]
+
+
+def test_settings_that_cannot_go_together_stop_the_run_before_a_model_loads():
+    """--is-mode gate scores replacements at temperature 1: with the demo's 0.6 the run stops in its setup, with
+    the reason, not at its first rollout; an unknown --tools name likewise."""
+    import train
+    with pytest.raises(SystemExit, match="needs temperature 1.0, got 0.6"):
+        train.cold_start(config.cli(config.Train, "", ["--model", "tiny-qwen3", "--is-mode", "gate"]))
+    with pytest.raises(SystemExit, match="unknown 'shell'; the tools are python"):
+        train.cold_start(config.cli(config.Train, "", ["--model", "tiny-qwen3", "--tools", "python,shell"]))
+    import tools
+    tools.offer("python")
 
 
 def test_bad_choices_get_tyros_error(capsys):
@@ -221,6 +234,11 @@ def test_held_out_eval_before_and_after_with_summary(tmp_path):
     assert summary["lines"][0] in run.stdout
     m = metrics(folder)
     assert "eval_greedy_acc" in m[0] and "eval_greedy_saar_acc" in m[1] and "first_tool_err" in m[1]
+    # per tool, by the name a call gives (--tools python: the code interpreter), and malformed calls apart
+    assert m[1]["tool_calls_code_interpreter"] + m[1]["tool_calls_malformed"] == pytest.approx(m[1]["tool_calls"])
+    # the held-out records hold each trajectory's text, its masked ranges and SAAR's events
+    assert all({"response", "masked", "saar_events"} <= set(r) for r in rows[1])
+    assert (folder / "report.html").exists() and "report: " in run.stdout
     # the step's wall time holds its phases and its evaluation
     phases = sum(m[1][f"t_{k}"] for k in ("rollout", "reward", "old_logp", "update", "sync", "eval"))
     assert phases <= m[1]["t_wall"] < phases + 30
