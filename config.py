@@ -103,8 +103,9 @@ class Data:
     """training problems whose templated prompt is longer are dropped at load time, and counted (official: 2560;
     0 keeps all)"""
     math_grader: MathGrader = "math-verify"
-    """how a math answer is graded, for the +1/-1 reward and the held-out accuracy: math-verify on the last boxed answer (ours), or strict-box (the official
-    reward: the last boxed answer within the last 100 characters, equal to the gold answer as a string)"""
+    """how a math answer is graded, for the +1/-1 reward and the held-out accuracy: math-verify on the last boxed
+    answer (ours), or strict-box (the official reward: the last boxed answer within the last 100 characters, equal
+    to the gold answer as a string)"""
 
     def __post_init__(self):
         if self.train_size < 0:
@@ -313,7 +314,7 @@ class Engine:
     """most sequences the HF engine decodes at once"""
     sglang_mem_fraction: float = 0.5
     """memory share of each SGLang engine (KV cache and weights; the paper: 0.8 of a GPU with offloaded training); on
-    a CPU, of the machine, split between its ranks"""
+    a CPU, of the machine, split between its ranks, as a KV cache of that many bytes"""
     sglang_url: str = ""
     """use an already running SGLang server at this URL instead of an in-process engine"""
     device: str = "auto"

@@ -28,6 +28,14 @@ import time
 from scripts import plot_runs
 
 
+def safely(run_dir: str) -> str:
+    """write, for train.py: what to print of it. A page that fails to build must never cost a run."""
+    try:
+        return f"{write(run_dir)} (open it in a browser)"
+    except Exception as e:  # noqa: BLE001
+        return f"not written ({type(e).__name__}: {e}); python -m report {run_dir} tries again"
+
+
 def write(run_dir: str) -> str:
     """Build <run_dir>/report.html from the run folder alone; returns its path. Written to a temp file and
     renamed, so that a reader (or a run calling this after each eval) never sees half a page."""
@@ -110,10 +118,17 @@ def _figures(name: str, metrics: list[dict]) -> list[dict]:
     return out
 
 
+MAX_STEPS = 30  # dumped steps whose rollouts the page embeds
+
+
 def _rollouts(run_dir: str, notes: list[str], metric_steps: list[int]) -> tuple[list[int], list[dict]]:
     """(steps with a rollouts file, every dumped trajectory with its step and its index in that file)."""
     folder, steps, trajs = os.path.join(run_dir, "rollouts"), [], []
     names = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+    names = [n for n in names if re.fullmatch(r"step_\d+\.jsonl", n)]
+    if len(names) > MAX_STEPS:  # a long run's page stays a page: its last steps' rollouts (all are in rollouts/)
+        notes.append(f"rollouts of the last {MAX_STEPS} of {len(names)} dumped steps (the rest: {folder})")
+        names = names[-MAX_STEPS:]
     for name in names:
         m = re.fullmatch(r"step_(\d+)\.jsonl", name)
         if not m:

@@ -55,7 +55,8 @@ PROMPTS = {
 }
 # --tool-format none (the no-tool baseline): the same tasks, with no tool to mention
 NO_TOOL_PROMPTS = {
-    "math": "Solve the following math problem step by step.\n\n{problem}\n\nGive the final answer as \\boxed{{answer}}.",
+    "math": ("Solve the following math problem step by step.\n\n{problem}\n\n"
+             "Give the final answer as \\boxed{{answer}}."),
     "code": ("Solve the following programming problem.\n\n{problem}\n\n"
              "Give your final solution in one ```python block."),
     "gpqa": ("Answer the following multiple-choice question step by step.\n\n{problem}\n\n"
@@ -459,8 +460,9 @@ async def rollout_one(engine, sandbox, tokenizer, prompt: list[int], cfg: config
 
 def readable(traj: Trajectory, tokenizer) -> None:
     """traj.text, the response decoded, with character offsets for a reader (run report, JSONL): traj.masked,
-    the ranges of the tokens not trained on, and each SAAR event's `at`, the range of its `span`. The text is
-    decoded piece by piece between those token positions, so that each offset is exact."""
+    the ranges of the tokens not trained on, and each SAAR event's `at`, the range of its `span` (`superseded`:
+    a later retry of the turn replaced that text again). The text is decoded piece by piece between those token
+    positions, so that each offset is exact."""
     ids, mask = traj.response_ids, traj.loss_mask
     cuts = {0, len(ids)} | {i for i in range(1, len(ids)) if mask[i] != mask[i - 1]}
     cuts |= {min(p, len(ids)) for e in traj.saar_events for p in e.get("span", ())}  # a later retry may be shorter
@@ -476,9 +478,13 @@ def readable(traj: Trajectory, tokenizer) -> None:
             traj.masked[-1][1] = at[b]  # one range, cut by an event's span
         elif mask[a] == 0:
             traj.masked.append([at[a], at[b]])
-    for e in traj.saar_events:
+    later = set()  # a later retry of the same turn spliced again where this event's replacement was
+    for e in reversed(traj.saar_events):
         if "span" in e:
             e["at"] = [at[min(p, len(ids))] for p in e["span"]]
+            if e["span"][0] in later:
+                e["superseded"] = True
+            later.add(e["span"][0])
 
 
 def check(cfg: config.Rollout, saar: config.Saar | None) -> None:

@@ -67,8 +67,8 @@ class Tool:
         try:
             return self.reply(await asyncio.wait_for(self.run(args, env), self.timeout_s), env.cfg)
         except asyncio.TimeoutError:
-            return ToolResult(ok=False, error_kind="timeout",
-                              text=f"TimeoutError: the {self.name} tool took longer than {self.timeout_s:g} s and was stopped")
+            return ToolResult(ok=False, error_kind="timeout", text=f"TimeoutError: the {self.name} tool took longer "
+                                                                   f"than {self.timeout_s:g} s and was stopped")
 
 
 class PythonTool(Tool):

@@ -120,7 +120,7 @@ def main(args: Args):
             writer(m)
             checkpoint.dump_rollouts(s.out, step + 1, seen[:r.dump_rollouts], s.tokenizer)
             if evaluated and step + 1 < r.steps:  # the run's page so far (and at the end, below)
-                report.write(s.out)
+                report.safely(s.out)
         if (step + 1) % r.save_every == 0 or step + 1 == r.steps:
             saving = checkpoint.save(s.ckpt_path, s.policy, s.optimizer, s.scheduler, s.scaler, step + 1,
                                      s.master, data_pos=data_pos, background=True)
@@ -437,7 +437,7 @@ def finish(s: Setup, start_step: int, saving, t_run: float) -> None:
         for line in heldout.summary(s.out, r.steps):
             s.log(line)
     if s.master:
-        s.log(f"report: {report.write(s.out)} (open it in a browser)")
+        s.log(f"report: {report.safely(s.out)}")
     for closing in (s.sandbox.close, s.eng.shutdown, s.loop.close):
         closing()
     if s.world > 1:

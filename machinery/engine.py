@@ -714,9 +714,13 @@ class SGLangEngine:
                                  "in torch_native, which it cannot make deterministic (only GPU backends such as fa3, "
                                  "flashinfer and triton can); use --engine hf for bit-exact runs on a CPU")
             os.environ["SGLANG_USE_CPU_ENGINE"] = "1"  # read when sglang is imported, here and in its processes
-            # a GPU is a rank's own, but a CPU's memory is shared by every rank of the machine (torchrun's local
-            # ranks): the share is the machine's, split between them
-            mem_fraction_static /= int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+            # A GPU is a rank's own, but a CPU's memory is shared by every rank of the machine (torchrun's local
+            # ranks): the share is the machine's, split between them, and set as a KV-cache size in tokens.
+            # SGLang's own fraction would size each engine's cache from the memory free when it starts, which
+            # the engines of the other ranks, starting beside it, are taking: it failed or not by their timing.
+            share = mem_fraction_static / int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+            engine_kwargs = {"max_total_tokens": _cpu_kv_tokens(model_path, dtype, share), **engine_kwargs}
+            mem_fraction_static = 0.9  # then SGLang's check only keeps a tenth of the free memory free
             engine_kwargs = {"attention_backend": "torch_native", **engine_kwargs}  # the one CPU backend in pure torch
         elif dev.index is not None:  # a torchrun rank's "cuda:<local rank>": its engine on that GPU
             engine_kwargs = {"base_gpu_id": dev.index, **engine_kwargs}
@@ -893,6 +897,21 @@ class SGLangEngine:
 # What SGLang's processes leave in /dev/shm when shutdown SIGKILLs them: load-snapshot slots, SGLang's pid-stamped
 # segments, the CPU all-reduce buffer of its compiled kernels.
 _SGLANG_SHM = ("sglang_loads_", "sgl_shm_", "deepspeed_allreduce_buffer_")
+
+
+def _cpu_kv_tokens(model_path: str, dtype: str, share: float) -> int:
+    """The KV-cache tokens that fit a CPU engine's share of the machine's memory, less its weights."""
+    import json
+    from pathlib import Path
+    c = json.loads((Path(model_path) / "config.json").read_text())
+    c = c.get("text_config", c)
+    heads = c["num_attention_heads"]
+    head_dim = c.get("head_dim") or c["hidden_size"] // heads
+    per_token = 2 * c["num_hidden_layers"] * c.get("num_key_value_heads", heads) * head_dim  # K and V, each layer
+    per_token *= 4 if dtype == "float32" else 2
+    weights = sum(f.stat().st_size for f in Path(model_path).glob("*.safetensors"))
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return max(4096, int(total * share - weights) // per_token)
 
 
 def _shm_files() -> set[str]:

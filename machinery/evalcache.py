@@ -5,8 +5,8 @@ evaluation's code, so a run that would compute the same score as an earlier one 
 training flags, say) takes the earlier one's. The key hashes the model folder's files, the settings of the
 sections the evaluation reads (READS) but those declared out beside their field (config.not_in_eval), the prompt
 templates, the source of the modules the evaluation runs, and the torch and transformers versions. SAAR's
-settings and saar.py count only with test-time SAAR on (--eval-saar), so an ablation of SAAR keeps the entry. An entry is <cache>/eval/<key>/ (metrics.json, eval_step000000.jsonl), written whole and
-renamed into place. A hub id is not hashed, so its runs are not cached.
+settings and saar.py count only with test-time SAAR on (--eval-saar), so an ablation of SAAR keeps the entry.
+An entry is <cache>/eval/<key>/ (metrics.json, eval_step000000.jsonl), written whole and renamed into place. A hub id is not hashed, so its runs are not cached.
 """
 from __future__ import annotations
 

@@ -161,6 +161,10 @@ def test_each_purification_is_on_record_with_what_it_removed_and_where_its_repla
     traj, _, _ = run(tok, sb, fails + ["\\boxed{0}<|im_end|>"], saar=SAAR)
     gave_up = traj.saar_events[-1]
     assert gave_up["kind"] == "given_up" and gave_up["failed"] == fails[3] and "at" not in gave_up
+    # the three shallow retries spliced at one place: only the last one's text is still there
+    assert [e.get("superseded", False) for e in traj.saar_events[:3]] == [True, True, False]
+    last = traj.saar_events[2]
+    assert traj.text[last["at"][0]:last["at"][1]] == last["replacement"]
     assert "undefined_3" in gave_up["error"] and gave_up["error"] in traj.text
     assert [traj.text[a:b] for a, b in traj.masked] == [tok.decode(traj.response_ids[i:j]) for i, j in
                                                          mask_runs(traj)]
