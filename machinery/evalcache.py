@@ -67,9 +67,9 @@ def key(args, model_path: str, templates: dict | None = None) -> str | None:
     # not the cold start's build record: its timings and pid change with every rebuild of the same weights
     models.hash_files(h, folder, skip=(sft.MARKER,))
     saar_on = args.saar.eval_saar != "off"  # off: the evaluation reads no SAAR setting and runs no line of saar.py
-    fields = {f.name: getattr(s, f.name) for s in config.sections(args) if eval_reads(s)
-              and (saar_on or not isinstance(s, config.Saar)) for f in dataclasses.fields(s)
-              if f.metadata.get("in_eval", True)}
+    reads = tuple(getattr(config, name) for name in READS if saar_on or name != "Saar")  # TrainSaar is a Saar
+    fields = {f.name: getattr(s, f.name) for s in config.sections(args) if isinstance(s, reads)
+              for f in dataclasses.fields(s) if f.metadata.get("in_eval", True)}
     fields["templates"] = templates  # the wording --prompt-template loaded, not its path
     h.update(json.dumps(fields, sort_keys=True).encode())
     with_saar = (saar,) if saar_on else ()  # an ablation of SAAR (its code or its settings) keeps the entry
@@ -78,11 +78,6 @@ def key(args, model_path: str, templates: dict | None = None) -> str | None:
     h.update(inspect.getsource(heldout.held_out).encode())
     h.update(" ".join(metadata.version(d) for d in ("torch", "transformers")).encode())
     return h.hexdigest()[:20]
-
-
-def eval_reads(section) -> bool:
-    """Whether the evaluation reads this section of the arguments (a subclass, TrainSaar say, is its base's)."""
-    return any(c.__name__ in READS for c in type(section).__mro__)
 
 
 def _root() -> Path:
