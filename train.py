@@ -441,6 +441,7 @@ def finish(s: Setup, start_step: int, saving, t_run: float) -> None:
     for closing in (s.sandbox.close, s.eng.shutdown, s.loop.close):
         closing()
     if s.world > 1:
+        dist.barrier()  # gloo aborts a rank that tears down while its peer's last collective is in flight
         dist.destroy_process_group()
     s.log(f"done: {s.out} in {time.perf_counter() - t_run:.0f} s")
 

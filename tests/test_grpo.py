@@ -656,6 +656,7 @@ def _rank_main(rank, world, port, out_dir):
     params = {n: p.full_tensor().tolist() for n, p in model.named_parameters()}
     if rank == 0:
         Path(out_dir, "params.json").write_text(json.dumps({"params": params, "grad_norm": st["grad_norm"]}))
+    dist.barrier()  # as train.py: no rank tears gloo down while the other is still in its last collective
     dist.destroy_process_group()
 
 
