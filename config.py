@@ -311,10 +311,12 @@ class Engine:
     """hf (transformers, any device) or sglang (an in-process SGLang engine per rank, colocated, on the rank's GPU
     or CPU; its environment: scripts/sglang_env.sh)"""
     engine_batch: int = 32
-    """most sequences the HF engine decodes at once"""
+    """most sequences the HF engine (and SGLang's CPU engine) decodes at once"""
     sglang_mem_fraction: float = 0.5
     """memory share of each SGLang engine (KV cache and weights; the paper: 0.8 of a GPU with offloaded training); on
-    a CPU, of the machine, split between its ranks, as a KV cache of that many bytes"""
+    a CPU, of the machine, split between its ranks, as a KV cache of that many bytes at most: no larger than the
+    sequences a rank decodes at once (its share of a step's rollouts, at most --engine-batch) at the longest
+    context (--max-prompt-tokens plus the response budget)"""
     sglang_url: str = ""
     """use an already running SGLang server at this URL instead of an in-process engine"""
     device: str = "auto"

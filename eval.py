@@ -105,7 +105,8 @@ def build(args: config.Eval):
     eng = build_engine(e.engine, tok, model=model, model_path=models.resolve(c.model) if sglang else None,
                        max_batch=e.engine_batch, deterministic=e.deterministic, lockstep=e.lockstep,
                        dtype=e.dtype, mem_fraction_static=e.sglang_mem_fraction, seed=c.seed,
-                       server_url=e.sglang_url or None, device=device)
+                       server_url=e.sglang_url or None, device=device,
+                       max_context=budget + config.Data.max_prompt_tokens)  # sizes a CPU engine's cache
     return tok, eng, dataclasses.replace(r, tool_format=fmt, max_response_tokens=budget)
 
 

@@ -600,11 +600,12 @@ def require(kind: str) -> None:
 
 def build_engine(kind: str, tokenizer, *, model=None, model_path: str | None = None, max_batch: int = 32,
                  deterministic: bool = False, dtype: str = "bfloat16", mem_fraction_static: float = 0.5, seed: int = 0,
-                 server_url: str | None = None, device: str = "cuda", lockstep: bool = False):
+                 server_url: str | None = None, device: str = "cuda", lockstep: bool = False, max_context: int = 0):
     """The one place an engine is made (train.py, eval.py, sft.py). "hf" decodes with `model`, an already
     loaded torch model (on one process the policy itself: no copy, no sync); "sglang" loads `model_path`
     (a local folder) into an in-process SGLang engine on `device` (cuda or cpu), or talks to the server at
-    `server_url`."""
+    `server_url`. On a CPU, SGLang decodes at most `max_batch` sequences at once, its cache sized for that many
+    of `max_context` tokens (within its memory share)."""
     if kind == "hf":
         if model is None:
             raise ValueError("build_engine('hf') needs the loaded model")
@@ -612,7 +613,7 @@ def build_engine(kind: str, tokenizer, *, model=None, model_path: str | None = N
     if kind == "sglang":
         return SGLangEngine(model_path=model_path, server_url=server_url, deterministic=deterministic, dtype=dtype,
                             mem_fraction_static=mem_fraction_static, seed=seed, eos_token_ids=[tokenizer.eos_token_id],
-                            device=device)
+                            device=device, max_batch=max_batch, max_context=max_context)
     raise ValueError(f"engine must be hf or sglang, got {kind!r}")
 
 
@@ -695,7 +696,8 @@ class SGLangEngine:
 
     def __init__(self, model_path: str | None = None, *, server_url: str | None = None, deterministic: bool = False,
                  eos_token_ids=None, dtype: str = "bfloat16", mem_fraction_static: float = 0.5, seed: int = 0,
-                 tp_size: int = 1, device: str = "cuda", timeout_s: float = 600.0, **engine_kwargs):
+                 tp_size: int = 1, device: str = "cuda", timeout_s: float = 600.0, max_batch: int = 0,
+                 max_context: int = 0, **engine_kwargs):
         self.extra_stop = sorted({int(t) for t in eos_token_ids or []})
         self.tp_size, self.timeout_s = tp_size, timeout_s
         self._engine = self._url = self._pool = None
@@ -719,7 +721,13 @@ class SGLangEngine:
             # SGLang's own fraction would size each engine's cache from the memory free when it starts, which
             # the engines of the other ranks, starting beside it, are taking: it failed or not by their timing.
             share = mem_fraction_static / int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-            engine_kwargs = {"max_total_tokens": _cpu_kv_tokens(model_path, dtype, share), **engine_kwargs}
+            tokens = _cpu_kv_tokens(model_path, dtype, share)
+            if max_batch and max_context:  # no more than the caller can have in flight (SGLang zero-fills the
+                # whole cache, so a share sized for a GPU's work takes that memory from the trainers beside it):
+                # max_batch sequences at once, each of at most max_context tokens, and one spare
+                tokens = min(tokens, max(4096, (max_batch + 1) * max_context))
+                engine_kwargs = {"max_running_requests": max_batch, **engine_kwargs}
+            engine_kwargs = {"max_total_tokens": tokens, **engine_kwargs}
             mem_fraction_static = 0.9  # then SGLang's check only keeps a tenth of the free memory free
             engine_kwargs = {"attention_backend": "torch_native", **engine_kwargs}  # the one CPU backend in pure torch
         elif dev.index is not None:  # a torchrun rank's "cuda:<local rank>": its engine on that GPU

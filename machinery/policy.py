@@ -67,11 +67,15 @@ def build(args, model_path: str, device: str, world: int, log):
     if e.engine == "hf":
         gen_model = (models.load_model(model_path, dtype=dtype).to(device).eval()
                      if world > 1 or dtype != torch.float32 or g.lora_rank else policy)
+    # SGLang on a CPU: a rank's rollouts of a step at once, each a bounded prompt and its response budget
+    in_flight = min(e.engine_batch, max(1, g.prompts_per_step * g.samples_per_prompt // world))
     eng = engine_mod.build_engine(e.engine, tokenizer, model=gen_model,
                                   model_path=models.resolve(model_path) if e.engine == "sglang" else None,
-                                  max_batch=e.engine_batch, deterministic=e.deterministic, lockstep=e.lockstep,
+                                  max_batch=in_flight if e.engine == "sglang" else e.engine_batch,
+                                  deterministic=e.deterministic, lockstep=e.lockstep,
                                   dtype=e.dtype, mem_fraction_static=e.sglang_mem_fraction, seed=c.seed,
-                                  server_url=e.sglang_url or None, device=device)
+                                  server_url=e.sglang_url or None, device=device,
+                                  max_context=args.data.max_prompt_tokens + args.rollout.max_response_tokens)
     ref = None
     if g.kl_coef > 0:
         ref_dtype = torch.float32 if world == 1 else precision.DTYPES[how.update_dtype]

@@ -2,7 +2,7 @@
 
 Each script runs unchanged (`NPROC=2 bash scripts/qwen3_4b_cleaner.sh <flags>`), with only flags appended that
 shrink the run (SHRINK: the offline SmolLM2-135M, warm-started in the scripts' hermes format; the CPU in
-float32; 2 steps of 2 prompts x 4 samples; short responses; a memory share for a 24 GB machine) or place it (the data, the run folder). The main run
+float32; 2 steps of 2 prompts x 4 samples; short responses) or place it (the data, the run folder). The main run
 on two torchrun ranks, each with its own SGLang CPU engine at the default memory share, the policy under FSDP2
 over gloo, from an empty cache; the other recipes on one rank, in its caches. The training data is a fixture in Open-AgentRL's published verl row layout, through
 data/download.py's converter; the eval scripts read AIME from the shared problem sets, GPQA-Diamond as its CSV and
@@ -51,10 +51,9 @@ SHARED = ROOT.parent / "shared" / "data"
 SHRINK = ["--model", "smollm2-135m", "--device", "cpu", "--dtype", "float32", "--update-dtype", "float32",
           "--no-gradient-checkpointing", "--steps", "2", "--prompts-per-step", "2", "--mini-batch-prompts", "2",
           "--samples-per-prompt", "4", "--max-response-tokens", "384", "--overlong-buffer", "32",
-          "--eval-size", "1", "--max-tokens-per-micro", "2048", "--sandbox-slots", "2", "--save-every", "1",
-          "--sglang-mem-fraction", "0.3"]  # of a 24 GB machine, for two engines, beside two trainers
+          "--eval-size", "1", "--max-tokens-per-micro", "2048", "--sandbox-slots", "2", "--save-every", "1"]
 EVAL_SHRINK = ["--device", "cpu", "--dtype", "float32", "--n", "2", "--lcb-n", "2", "--limit", "1",
-               "--max-new-tokens", "128", "--max-turns", "3", "--sglang-mem-fraction", "0.2"]
+               "--max-new-tokens", "128", "--max-turns", "3"]
 STEP = re.compile(r"step +(\d+) \|.*\| saar s/d/g (\d+)/(\d+)/(\d+) .*\| mismatch_kl ([0-9.e+-]+)")
 
 
@@ -172,7 +171,6 @@ def cleaner(paper):
     """The main run, from an empty cache: one rank SIGKILLed mid-step 2, after step 1's checkpoint; then the job
     again with --resume, to the end."""
     flags = [*SHRINK, *paper["place"], "--samples-per-prompt", "8"]  # more chances for a call to fail and be fixed
-    shm = sglang_shm()
     run = paper["out"] / "qwen3-4b-cleaner"
     proc = subprocess.Popen(["bash", "scripts/qwen3_4b_cleaner.sh", *flags], cwd=ROOT,
                             env={**paper["env"], "NPROC": "2"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -201,6 +199,7 @@ def cleaner(paper):
         time.sleep(1)
     for p in left:
         p.kill()
+    shm = sglang_shm()  # what the SIGKILLed engines left is theirs: the resumed job must leave nothing of its own
     code, resumed = script(paper, "qwen3_4b_cleaner", *flags, "--resume")
     return dict(first="".join(first), t_down=t_down, code=proc.returncode, engines=engines, left=len(left),
                 resumed=resumed, resumed_code=code, after=dict(processes=len(processes("sglang::")),
