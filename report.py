@@ -125,15 +125,12 @@ def _rollouts(run_dir: str, notes: list[str], metric_steps: list[int]) -> tuple[
     """(steps with a rollouts file, every dumped trajectory with its step and its index in that file)."""
     folder, steps, trajs = os.path.join(run_dir, "rollouts"), [], []
     names = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
-    names = [n for n in names if re.fullmatch(r"step_\d+\.jsonl", n)]
-    if len(names) > MAX_STEPS:  # a long run's page stays a page: its last steps' rollouts (all are in rollouts/)
-        notes.append(f"rollouts of the last {MAX_STEPS} of {len(names)} dumped steps (the rest: {folder})")
-        names = names[-MAX_STEPS:]
-    for name in names:
-        m = re.fullmatch(r"step_(\d+)\.jsonl", name)
-        if not m:
-            continue
-        step = int(m.group(1))
+    found = [(n, re.fullmatch(r"step_(\d+)\.jsonl", n)) for n in names]
+    found = [(n, int(m.group(1))) for n, m in found if m]
+    if len(found) > MAX_STEPS:  # a long run's page stays a page: its last steps' rollouts (all are in rollouts/)
+        notes.append(f"rollouts of the last {MAX_STEPS} of {len(found)} dumped steps (the rest: {folder})")
+        found = found[-MAX_STEPS:]
+    for name, step in found:
         rows = _jsonl(os.path.join(folder, name), notes)
         if not rows:
             notes.append(f"step {step}: no rollouts in {name}")

@@ -45,6 +45,7 @@ if importlib.util.find_spec("sglang") is None:
 
 from data import download as dl  # noqa: E402
 from data.synth import make_problems  # noqa: E402
+from test_sglang import sglang_shm  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
@@ -204,11 +205,6 @@ def cleaner(paper):
     return dict(first="".join(first), t_down=t_down, code=proc.returncode, engines=engines, left=len(left),
                 resumed=resumed, resumed_code=code, after=dict(processes=len(processes("sglang::")),
                                                                shm=sglang_shm() - shm))
-
-
-def sglang_shm() -> set[str]:
-    from machinery import engine
-    return {n for n in os.listdir("/dev/shm") if n.startswith(engine._SGLANG_SHM)}
 
 
 def test_main_run_two_ranks_two_engines_saar_and_caches(paper, cleaner):
