@@ -42,6 +42,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import tempfile
 import threading
 import time
 from collections import OrderedDict
@@ -741,6 +743,11 @@ class SGLangEngine:
             raise ImportError(f"SGLangEngine needs sglang=={SGLANG_VERSION}: build its environment with "
                               f"`bash scripts/sglang_env.sh DIR` and run DIR/bin/python: {e}") from None
         self._shm = _shm_files()
+        # SGLang names its processes' sockets by files it makes in the temp folder and never removes (several a
+        # start): they go in a folder of this engine's, its processes' temp folder too, removed at shutdown
+        self._tmp = tempfile.mkdtemp(prefix="cleaner-sglang-")
+        saved_tmp = tempfile.tempdir, os.environ.get("TMPDIR")
+        tempfile.tempdir = os.environ["TMPDIR"] = self._tmp
         # SGLang's scheduler forms a process group of its own; under torchrun this variable would send its
         # rendezvous to torchrun's agent store, where it waits forever
         agent_store = os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
@@ -752,6 +759,11 @@ class SGLangEngine:
         finally:
             if agent_store is not None:
                 os.environ["TORCHELASTIC_USE_AGENT_STORE"] = agent_store
+            tempfile.tempdir = saved_tmp[0]
+            if saved_tmp[1] is None:
+                os.environ.pop("TMPDIR")
+            else:
+                os.environ["TMPDIR"] = saved_tmp[1]
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="sglang-loop", daemon=True)
         self._thread.start()
@@ -877,6 +889,7 @@ class SGLangEngine:
             self._engine = None
             _remove_orphan_shm(self._shm)
             _reap_children()
+            shutil.rmtree(self._tmp, ignore_errors=True)
             _detach_resource_tracker()
         if self._pool is not None:
             self._pool.shutdown(wait=False)

@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -53,9 +54,14 @@ def policy():
     return models.load_model(NAME, dtype=torch.float32).eval()
 
 
+def sglang_tmp() -> set[str]:
+    """What names SGLang's sockets in the temp folder: tempfile's names (tmpXXXXXXXX), or the engine's folder."""
+    return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith(("tmp", "cleaner-sglang-"))}
+
+
 @pytest.fixture(scope="module")
 def shm_before():
-    return sglang_shm()
+    return sglang_shm(), sglang_tmp()
 
 
 @pytest.fixture(scope="module")
@@ -213,14 +219,14 @@ def children() -> list:
     return out
 
 
-def test_shutdown_leaves_no_process_and_no_shm(eng, shm_before):
+def test_shutdown_leaves_no_process_and_no_file(eng, shm_before):
     assert children()  # the engine's scheduler and detokenizer
     eng.shutdown()
     deadline = time.time() + 30
     while children() and time.time() < deadline:
         time.sleep(0.2)
     assert children() == []
-    assert sglang_shm() <= shm_before
+    assert sglang_shm() <= shm_before[0] and sglang_tmp() <= shm_before[1]
     eng.shutdown()  # twice is harmless (the fixture calls it again)
 
 
@@ -240,7 +246,8 @@ def test_http_server_mode_generates_and_takes_the_same_weight_push(tok, policy, 
            "--port", str(port), "--dtype", DTYPE, "--device", DEVICE, "--mem-fraction-static", "0.3"]
     if DEVICE == "cpu":
         cmd += ["--attention-backend", "torch_native"]
-    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1" if DEVICE == "cpu" else "0"}
+    # TMPDIR: the files that name the server's sockets, which it never removes, go with the test's folder
+    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1" if DEVICE == "cpu" else "0", "TMPDIR": str(tmp_path)}
     log = open(tmp_path / "server.log", "w")
     server = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
