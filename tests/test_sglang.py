@@ -60,12 +60,13 @@ def sglang_tmp() -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def shm_before():
+def files_before():
+    """SGLang's /dev/shm files and temp-folder entries before the engine starts."""
     return sglang_shm(), sglang_tmp()
 
 
 @pytest.fixture(scope="module")
-def eng(tok, shm_before):
+def eng(tok, files_before):
     e = engine.SGLangEngine(models.resolve(NAME), dtype=DTYPE, device=DEVICE, mem_fraction_static=0.3,
                             eos_token_ids=[tok.eos_token_id])
     yield e
@@ -219,14 +220,14 @@ def children() -> list:
     return out
 
 
-def test_shutdown_leaves_no_process_and_no_file(eng, shm_before):
+def test_shutdown_leaves_no_process_and_no_file(eng, files_before):
     assert children()  # the engine's scheduler and detokenizer
     eng.shutdown()
     deadline = time.time() + 30
     while children() and time.time() < deadline:
         time.sleep(0.2)
     assert children() == []
-    assert sglang_shm() <= shm_before[0] and sglang_tmp() <= shm_before[1]
+    assert sglang_shm() <= files_before[0] and sglang_tmp() <= files_before[1]
     eng.shutdown()  # twice is harmless (the fixture calls it again)
 
 
