@@ -744,26 +744,25 @@ class SGLangEngine:
                               f"`bash scripts/sglang_env.sh DIR` and run DIR/bin/python: {e}") from None
         self._shm = _shm_files()
         # SGLang names its processes' sockets by files it makes in the temp folder and never removes (several a
-        # start): they go in a folder of this engine's, its processes' temp folder too, removed at shutdown
+        # start): they go in a folder of this engine's, its processes' temp folder too, removed at shutdown. And its
+        # scheduler forms a process group of its own: under torchrun, TORCHELASTIC_USE_AGENT_STORE would send that
+        # rendezvous to torchrun's agent store, where it waits forever.
         self._tmp = tempfile.mkdtemp(prefix="cleaner-sglang-")
-        saved_tmp = tempfile.tempdir, os.environ.get("TMPDIR")
+        saved_tmpdir, saved_env = tempfile.tempdir, {k: os.environ.pop(k, None)
+                                                     for k in ("TMPDIR", "TORCHELASTIC_USE_AGENT_STORE")}
         tempfile.tempdir = os.environ["TMPDIR"] = self._tmp
-        # SGLang's scheduler forms a process group of its own; under torchrun this variable would send its
-        # rendezvous to torchrun's agent store, where it waits forever
-        agent_store = os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
         try:
             self._engine = sglang.Engine(model_path=model_path, dtype=dtype, mem_fraction_static=mem_fraction_static,
                                          random_seed=seed, tp_size=tp_size, device=dev.type,
                                          enable_memory_saver=self.frees_memory,
                                          enable_deterministic_inference=deterministic, **engine_kwargs)
+        except BaseException:
+            shutil.rmtree(self._tmp, ignore_errors=True)  # no engine: no shutdown to remove it
+            raise
         finally:
-            if agent_store is not None:
-                os.environ["TORCHELASTIC_USE_AGENT_STORE"] = agent_store
-            tempfile.tempdir = saved_tmp[0]
-            if saved_tmp[1] is None:
-                os.environ.pop("TMPDIR")
-            else:
-                os.environ["TMPDIR"] = saved_tmp[1]
+            tempfile.tempdir = saved_tmpdir
+            os.environ.pop("TMPDIR")
+            os.environ.update({k: v for k, v in saved_env.items() if v is not None})
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="sglang-loop", daemon=True)
         self._thread.start()

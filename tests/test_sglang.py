@@ -231,6 +231,13 @@ def test_shutdown_leaves_no_process_and_no_file(eng, files_before):
     eng.shutdown()  # twice is harmless (the fixture calls it again)
 
 
+def test_an_engine_that_fails_to_start_leaves_no_file(tok):
+    before = sglang_tmp()
+    with pytest.raises(TypeError, match="no_such_setting"):  # refused by SGLang's own settings, inside its start
+        engine.SGLangEngine(models.resolve(NAME), dtype=DTYPE, device=DEVICE, no_such_setting=1)
+    assert sglang_tmp() <= before
+
+
 # ---------------------------------------------------------------------------------------------- HTTP server
 
 def free_port() -> int:
