@@ -220,6 +220,10 @@ class Grpo:
     dynamic_sampling: bool = False
     """DAPO dynamic sampling: drop groups whose samples are all right or all wrong (zero advantage) and roll out
     further rounds of prompts_per_step prompts until the step has prompts_per_step groups (the paper: off)"""
+    mask_failed: bool = False
+    """the peers' fix instead of SAAR: a trajectory that called a tool and saw every call fail adds nothing to the
+    loss (its loss mask zeroed after the advantages, so it stays in its group's reward statistics), as verifiers'
+    mask_all_failed_tool_calls (PR #1416, after SimpleTIR's void turns); one that made no call is trained on"""
     max_sample_rounds: int = 3
     """with --dynamic-sampling, the most rollout rounds a step takes; then it trains on the groups it has"""
     clip_low: float = 0.2

@@ -65,11 +65,17 @@ class TrainSeq:
     spliced: list[int] | None = None  # (L,) 1 on tokens SAAR spliced in (rollout.Trajectory.spliced)
 
     @classmethod
-    def of(cls, traj, advantage: float) -> TrainSeq:
-        """A rollout.Trajectory's record, its prompt not trained on."""
+    def of(cls, traj, advantage: float, trained: bool = True) -> TrainSeq:
+        """A rollout.Trajectory's record, its prompt not trained on (nothing of it, when not `trained`)."""
         n = len(traj.prompt_ids)
-        return cls(input_ids=traj.prompt_ids + traj.response_ids, loss_mask=[0] * n + traj.loss_mask,
-                   advantage=advantage, rollout_logp=[0.0] * n + traj.logprobs, spliced=[0] * n + traj.spliced)
+        mask = traj.loss_mask if trained else [0] * len(traj.loss_mask)
+        return cls(input_ids=traj.prompt_ids + traj.response_ids, loss_mask=[0] * n + mask, advantage=advantage, rollout_logp=[0.0] * n + traj.logprobs, spliced=[0] * n + traj.spliced)
+
+
+def every_call_failed(traj) -> bool:
+    """--mask-failed's rule (verifiers PR #1416): the trajectory ran tool calls and none succeeded. SAAR's rolled-back
+    executions all failed, so with SAAR on too this is: every call left in the trajectory failed."""
+    return traj.num_tool_calls > 0 and traj.num_tool_errors == traj.num_tool_calls
 
 
 # ----------------------------------------------------------------------------- advantages

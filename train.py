@@ -42,7 +42,7 @@ from machinery.policy import gather
 from sandbox import Sandbox
 
 Args = config.Train
-SUMMED = {"loss", "dropped_groups", "saar_shallow", "saar_deep", "saar_given_up", "saar_answered",
+SUMMED = {"loss", "dropped_groups", "masked_failed", "saar_shallow", "saar_deep", "saar_given_up", "saar_answered",
           "saar_regen_tokens"}
 
 
@@ -74,7 +74,8 @@ def main(args: Args):
         adv, adv_stats = grpo.compute_advantages(all_rewards, all_groups, norm_std=g.norm_adv_std,
                                                  baseline=g.baseline)
         mine = adv[s.rank * len(rewards):(s.rank + 1) * len(rewards)].tolist()
-        batch = [grpo.TrainSeq.of(tr, a) for tr, a in zip(trajs, mine)]  # the prompt not trained on
+        masked = [g.mask_failed and grpo.every_call_failed(tr) for tr in trajs]  # --mask-failed: no gradient
+        batch = [grpo.TrainSeq.of(tr, a, trained=not m) for tr, a, m in zip(trajs, mine, masked)]  # nor the prompt
         t["reward"] += time.perf_counter() - t0
         # -------------------------------------------------------------- update
         # an optimizer step per mini-batch on grpo.policy_loss, over the purified tokens of mask 1:
@@ -108,7 +109,8 @@ def main(args: Args):
         push_weights(s)
         t["sync"] = time.perf_counter() - t0
         # -------------------------------------------------------------- eval / log / ckpt / report
-        m = step_metrics(seen, adv_stats, stats, t, s.world, adv_n=len(all_rewards), **sampling, **drift)
+        m = step_metrics(seen, adv_stats, stats, t, s.world, adv_n=len(all_rewards), masked_failed=sum(masked),
+                         **sampling, **drift)
         m["step"] = step + 1
         evaluated = d.eval_size and ((d.eval_every and (step + 1) % d.eval_every == 0) or step + 1 == r.steps)
         if evaluated:
@@ -173,6 +175,8 @@ def setup(args: Args) -> Setup:
     # before the process group: the machine's caches are built once, by whichever rank comes first, and
     # transformers saves a model only on rank 0 of a process group
     model_path, cfg = cold_start(args)
+    if rank == 0 and not args.run.eval_only:  # runs are paired only on the same cold start (scripts/experiment.py)
+        checkpoint.note_in_run_info(out, cold_start=os.path.basename(os.path.normpath(model_path)))
     device = policy_mod.init_distributed(args.machinery.engine.device)
     policy, ref, eng, own_copy, tokenizer = policy_mod.build(args, model_path, device, world, log)
     amp = None if world > 1 or how.update_dtype == "float32" else precision.DTYPES[how.update_dtype]  # one process
@@ -417,6 +421,8 @@ def format_line(m: dict) -> str:
     if m.get("skipped_steps"):
         s += f" | fp16 overflow: {m['skipped_steps']} mini-batch(es) skipped, loss scale now {m['loss_scale']:g}"
     s += f" | first_err {m['first_tool_err']:.2f}"
+    if m.get("masked_failed"):
+        s += f" | masked {m['masked_failed']}"  # --mask-failed: trajectories whose every call failed, not trained on
     if "mismatch_kl" in m:  # the engine's sampling log-probs vs the trainer's (machinery/mismatch.py)
         spliced = f" spliced {m['mismatch_kl_spliced']:.1e}" if m.get("mismatch_tokens_spliced") else ""
         s += f" | mismatch_kl {m['mismatch_kl']:.1e}" + spliced

@@ -49,6 +49,16 @@ def write_run_info(out: str, args) -> None:
         f.write("\n".join(sorted(f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions())) + "\n")
 
 
+def note_in_run_info(out: str, **facts) -> None:
+    """Facts known only after the run folder is made (the cold start's folder, with its cache key) into run.json."""
+    path = os.path.join(out, "run.json")
+    with open(path) as f:
+        info = json.load(f)
+    with open(path + ".tmp", "w") as f:
+        json.dump(info | facts, f, indent=2)
+    os.replace(path + ".tmp", path)
+
+
 def prepare_run(args, world: int, master: bool) -> tuple[str, str]:
     """Checks that need the world size or the disk, then the run folder and its run.json: (folder,
     checkpoint path)."""

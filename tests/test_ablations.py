@@ -336,6 +336,46 @@ def test_ablation_no_norm_adv_std_leaves_advantages_undivided(graded):
         assert torch.allclose(scaled[idx], raw[idx] / (std + 1e-6))
 
 
+def test_ablation_mask_failed_drops_a_trajectory_whose_every_call_failed_from_the_loss(tok, sb):
+    """--mask-failed (verifiers PR #1416): a trajectory that called the tool and saw every call fail gets loss mask 0
+    throughout, after the advantages: it stays in its group's reward statistics, adds nothing to the gradient, and the
+    gradient is the one of the batch without it. A trajectory with a failed call and a good one, or with no call,
+    is trained on as before."""
+    assert flag("--mask-failed") == {"mask_failed": True}
+    scripts = [[BAD, "So the answer is \\boxed{44}.<|im_end|>"],  # one call, failed: masked
+               FIX,  # a failed call, then a good one: trained on
+               [ANSWER],  # no call: trained on
+               [turn("print(45)"), ANSWER]]  # one good call
+    trajs = [roll(tok, sb, script)[0] for script in scripts]
+    assert [grpo.every_call_failed(t) for t in trajs] == [True, False, False, False]
+    rewards, groups = [-1.0, 1.0, 1.0, 1.0], [0, 0, 0, 0]
+    adv, _ = grpo.compute_advantages(rewards, groups)  # the masked one is in the group's mean and std
+    assert adv[0] < 0 and torch.allclose(adv[1:], adv[1])
+    plain = [grpo.TrainSeq.of(t, a) for t, a in zip(trajs, adv.tolist())]
+    masked = [grpo.TrainSeq.of(t, a, trained=not grpo.every_call_failed(t)) for t, a in zip(trajs, adv.tolist())]
+    assert not any(masked[0].loss_mask) and any(plain[0].loss_mask)
+    for x, y in zip(plain[1:], masked[1:]):
+        assert x == y  # the others unchanged, field for field
+
+    def grads(batch):
+        """d loss / d logp of each trajectory's tokens, over the batch as one mini-batch (token-mean)."""
+        n = max(len(b.input_ids) for b in batch)
+        pad = lambda xs: [list(x) + [0] * (n - len(x)) for x in xs]  # noqa: E731
+        logp = (-0.5 - 0.01 * torch.arange(len(batch) * n, dtype=torch.float32).reshape(len(batch), n))
+        logp.requires_grad_(True)
+        old = logp.detach() + 0.05  # the policy has moved a little: ratios off 1
+        loss, _ = grpo.policy_loss(logp, old, torch.tensor([[b.advantage] for b in batch]),
+                                   torch.tensor(pad([b.loss_mask for b in batch])).bool())
+        loss.backward()
+        return [logp.grad[i, :len(b.input_ids)] for i, b in enumerate(batch)]
+
+    g_plain, g_masked, g_without = grads(plain), grads(masked), grads(masked[1:])
+    assert g_plain[0].abs().sum() > 0 and torch.equal(g_masked[0], torch.zeros_like(g_masked[0]))
+    for a, b in zip(g_masked[1:], g_without):
+        assert torch.allclose(a, b)  # masking it is dropping it from the loss
+    assert not torch.allclose(g_masked[1], g_plain[1])  # its tokens left the token-mean's count
+
+
 # --------------------------------------------------------------------------- the run's rows
 
 def test_ablation_no_warm_start_trains_the_base_model(monkeypatch):
