@@ -84,13 +84,16 @@ def train_argv(design: dict, seed: int, arm: str, out_dir: str) -> list[str]:
 
 
 def finished(run: str) -> bool:
-    """train.py wrote its summary after the last step's evaluation (a run killed before that has none)."""
+    """train.py ended: it wrote its summary of the last step's evaluation, then its report, then said done (a run
+    killed on the way has a checkpoint of its last step, and --resume writes the rest)."""
     try:
         with open(os.path.join(run, "summary.json")) as f:
             s = json.load(f)
         with open(os.path.join(run, "run.json")) as f:
             steps = json.load(f)["args"]["steps"]
-        return any(isinstance(v, dict) and v.get("step") == steps for v in s.values())
+        with open(os.path.join(run, "train.log")) as f:
+            done = re.search(r"^done: .* in \d+ s$", f.read(), re.M) is not None
+        return done and any(isinstance(v, dict) and v.get("step") == steps for v in s.values())
     except (OSError, ValueError, KeyError):
         return False
 
