@@ -16,6 +16,8 @@ entry script has (docs/departures.md lists each one).
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
@@ -32,8 +34,8 @@ CallFormat = Literal["markdown", "hermes"]  # how a call is written (--tool-form
 
 
 def not_in_eval(default):
-    """A field that the held-out evaluation never reads. machinery/evalcache.py keys the step-0 evaluation on every
-    other setting of the sections the evaluation reads (evalcache.READS): runs that differ only in it share one."""
+    """A field that the held-out evaluation never reads. eval.step0_key keys the step-0 evaluation on every other
+    setting of the sections the evaluation reads (eval.READS): runs that differ only in it share one."""
     return field(default=default, metadata={"in_eval": False})
 
 
@@ -123,7 +125,7 @@ class Rollout:
     their descriptions"""
     prompt_template: str = ""
     """a JSON file of prompt templates by task ({problem}, {tool}) and an optional system prompt, e.g. the
-    official wording (rollout.load_prompt_template; default: ours, rollout.PROMPTS)"""
+    official wording (data/prompts.py: load_prompt_template; default: ours, PROMPTS)"""
     max_turns: int = 4
     """assistant turns per trajectory (paper: 16)"""
     max_response_tokens: Annotated[int, tyro.conf.arg(aliases=("--max-new-tokens",))] = 256
@@ -518,6 +520,22 @@ def unflat(cls, values: dict):
     """An entry script's arguments from a flat dict (a run.json); names it does not know are ignored."""
     args = cls()
     return replace(args, **{k: v for k, v in values.items() if k in flat(args)})
+
+
+# --eval-only keeps these of the call's own settings; everything else comes from the run's run.json
+EVAL_ONLY_OWN = ("run_name", "out_dir", "resume", "eval_only", "eval_saar", "eval_sampled", "device", "wandb_project")
+
+
+def args_of_run(args):
+    """--eval-only: the run's own settings (its run.json), with this call's run, eval and device flags. A run
+    from an older commit may lack newer settings: they keep their defaults."""
+    path = os.path.join(args.run.out_dir, args.run.run_name, "run.json")
+    if not args.run.run_name or not os.path.exists(path):
+        raise SystemExit(f"--eval-only: no run at {path}; name an existing run with --run-name (and --out-dir)")
+    with open(path) as f:
+        saved = json.load(f)["args"]
+    mine = flat(args)
+    return replace(unflat(type(args), saved), **{k: mine[k] for k in EVAL_ONLY_OWN})
 
 
 def apply_faithful(args):

@@ -83,18 +83,16 @@ def build(args: config.Eval):
     import torch
 
     import rollout
-    import tools
     from data import models
     from machinery.engine import build_engine, require
     c, e, r = args.common, args.engine, args.rollout
     require(e.engine)
-    try:
-        tools.offer(r.tools)
-        models.resolve(c.model)
+    try:  # the checks train.py makes: bad settings stop here, before a model loads
+        r = rollout.settle(c.model, r, args.saar if args.saar.saar != "off" else None)
     except (OSError, ValueError) as err:
         raise SystemExit(f"eval.py: {err}") from None
     tok = models.load_tokenizer(c.model)
-    fmt = rollout.resolve_tool_format(tok, r.tool_format)
+    fmt = r.tool_format
     device = e.device if e.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     sglang = e.engine == "sglang"
     # the paper's budget on a GPU; on the CPU a long context decodes too slowly to be of use
@@ -368,6 +366,39 @@ def held_out(loop, eng, sandbox, tokenizer, problems, args: config.Train, *, ste
         os.replace(path + ".tmp", path)
     results["t_eval"] = time.perf_counter() - t0
     return results
+
+
+# the sections the held-out evaluation reads: the step-0 key holds each of their settings but those declared out beside
+# their field (config.not_in_eval); the others (grpo, run, update) are training's alone
+READS = ("Common", "Data", "Rollout", "Saar", "Engine", "Sandbox")
+
+
+def step0_key(args: config.Train, model_path: str, templates: dict | None = None) -> str | None:
+    """The step-0 evaluation's cache key (machinery/evalcache.py): the model folder's files (not sft.py's build
+    record, whose timings change with every rebuild of the same weights), the settings of READS, the prompt templates'
+    wording, the source of the modules the evaluation runs; None for a model that is not a local folder (a hub id).
+    SAAR's settings and saar.py count only with test-time SAAR on, so an ablation of SAAR keeps the entry."""
+    import inspect
+
+    import rollout
+    import saar
+    import sandbox
+    import sft
+    import tools
+    from data import models, problems, synth
+    from machinery import engine, evalcache, lcb, mathverify, zygote
+    folder = Path(models.resolve(model_path))  # an offline model's name: its built folder
+    if not folder.is_dir():
+        return None
+    saar_on = args.saar.eval_saar != "off"  # off: the evaluation reads no SAAR setting and runs no line of saar.py
+    reads = tuple(getattr(config, name) for name in READS if saar_on or name != "Saar")  # TrainSaar is a Saar
+    fields = {f.name: getattr(s, f.name) for s in config.sections(args) if isinstance(s, reads)
+              for f in dataclasses.fields(s) if f.metadata.get("in_eval", True)}
+    fields["templates"] = templates  # the wording --prompt-template loaded, not its path
+    code = (engine, reward, lcb, mathverify, rollout, sandbox, zygote, tools, models, problems, synth) + (
+        (saar,) if saar_on else ())
+    return evalcache.key(folder, fields, [inspect.getsource(m) for m in code] + [inspect.getsource(held_out)],
+                         skip=(sft.MARKER,))
 
 
 def format_eval(m: dict) -> str:

@@ -432,50 +432,6 @@ def make_optimizer(model: torch.nn.Module, *, lr: float = 2e-6, weight_decay: fl
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, warmup_lambda(warmup_steps, from_zero))
 
 
-def freeze_below(model: torch.nn.Module, train_layers: int) -> None:
-    """Train only the top `train_layers` decoder layers and the final norm (0, or at least as many as the model
-    has: everything trains, embeddings included).
-
-    The frozen bottom gets no backward pass at all (its outputs need no grad), so a step costs about
-    forward + 2 x (share trained) forwards; the optimizer must be built after this, on the trainable params.
-    """
-    decoder = model.get_decoder()
-    if train_layers > 0 and (not hasattr(decoder, "layers") or not hasattr(decoder, "norm")):
-        raise ValueError(f"train_layers={train_layers}: {type(model).__name__} has no decoder .layers/.norm; "
-                         "use train_layers=0")
-    every = train_layers <= 0 or train_layers >= len(decoder.layers)
-    model.requires_grad_(every)
-    if every:
-        return
-    for layer in decoder.layers[-train_layers:]:
-        layer.requires_grad_(True)
-    decoder.norm.requires_grad_(True)
-
-
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-def lora_scale(g: config.Grpo) -> float:
-    """alpha / rank, what merges LoRA adapters into their weights (0.0: no adapters)."""
-    return g.lora_alpha / g.lora_rank if g.lora_rank else 0.0
-
-
-def add_lora(model: torch.nn.Module, rank: int, alpha: float, train_layers: int = 0) -> None:
-    """LoRA adapters (the peft library) on every linear layer of the top `train_layers` decoder layers (0: all
-    layers); only the adapters train. A departure from the paper, which trains all weights: the frozen weights
-    get no weight gradient (about a third fewer FLOPs per trained token) and the optimizer keeps state for the
-    adapters alone. The adapters start at zero (B = 0), so the policy starts as the warm start. They are
-    injected in place: the model keeps its class and its forward, so the engine and the update use it as is;
-    `checkpoint.merge_lora` gives plain weights for an engine copy or a saved folder."""
-    from peft import LoraConfig, inject_adapter_in_model
-    n = len(model.get_decoder().layers)
-    layers = list(range(n - train_layers, n)) if 0 < train_layers < n else list(range(n))
-    inject_adapter_in_model(LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, target_modules=list(LORA_TARGETS),
-                                       layers_to_transform=layers), model)
-    for name, p in model.named_parameters():
-        p.requires_grad_(".lora_" in name)
-
-
 def _set_checkpointing(model: torch.nn.Module, on: bool) -> None:
     # transformers 5.0 has gradient_checkpointing_*; later 5.x releases renamed them activation_checkpointing_*
     # and deprecated the old names (removed in 6)

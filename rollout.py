@@ -28,6 +28,7 @@ Departures from the official veRL loop, and why:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import random
 import re
@@ -37,38 +38,10 @@ from dataclasses import dataclass, field
 
 import config
 import tools
+from data import models
+from data.prompts import NO_TOOL_PROMPTS, PROMPTS, load_prompt_template  # noqa: F401  (rollout.load_prompt_template)
 from machinery.engine import SamplingParams
 from saar import SaarState, retry_failed_call
-
-# --------------------------------------------------------------------------- model-facing text (one place)
-# {tool}: how to call the offered tools, each tool's sentence for the format (tools.py: Tool.sentence); {it} and
-# {the_tool} in their number
-PROMPTS = {
-    "math": ("Solve the following math problem step by step.\n\n{problem}\n\n"
-             "{tool}Use {it} for exact calculation and to check your work before you answer. "
-             "When you are sure, stop calling {the_tool} and give the final answer as \\boxed{{answer}}."),
-    "code": ("Solve the following programming problem.\n\n{problem}\n\n"
-             "{tool}Use {it} to test your solution. When you are sure it is correct, stop calling {the_tool} and "
-             "give your final solution in one ```python block."),
-    "gpqa": ("Answer the following multiple-choice question step by step.\n\n{problem}\n\n"
-             "{tool}Use {it} for exact calculation. Give the letter of the final answer as \\boxed{{X}}."),
-}
-# --tool-format none (the no-tool baseline): the same tasks, with no tool to mention
-NO_TOOL_PROMPTS = {
-    "math": ("Solve the following math problem step by step.\n\n{problem}\n\n"
-             "Give the final answer as \\boxed{{answer}}."),
-    "code": ("Solve the following programming problem.\n\n{problem}\n\n"
-             "Give your final solution in one ```python block."),
-    "gpqa": ("Answer the following multiple-choice question step by step.\n\n{problem}\n\n"
-             "Give the letter of the final answer as \\boxed{{X}}."),
-}
-# What the model reads after a tool call: the result (the tool's reply, tools.py, or parse_call's message, cut
-# by truncate_middle), then, from SAAR, the fix instruction (ToolEnv.feedback) or the give-up note
-FIX_INSTRUCTION = "\nThe tool call above failed. Fix the error and call the tool again."
-# {n}: how often SAAR regenerated the turn before giving up (its retries, as the official note counts them)
-GIVE_UP_NOTE = ("\n\nNote: this approach was retried {n} times, failing with the same kind of error each time. "
-                "Try another algorithm, method or approach instead.")
-
 
 def truncate_middle(text: str, limit: int = 256) -> str:
     """Cut a tool output to `limit` characters, keeping head and tail (the paper's 256, middle side)."""
@@ -83,30 +56,6 @@ def resolve_tool_format(tokenizer, fmt: str) -> str:
     if fmt != "auto":
         return fmt
     return "hermes" if len(tokenizer.encode("<tool_call>", add_special_tokens=False)) == 1 else "markdown"
-
-
-def load_prompt_template(path: str) -> dict:
-    """A prompt template file (--prompt-template): JSON {"math": ..., "code": ..., "gpqa": ..., "system": ...}, each
-    optional; a task's template holds {problem}, and may hold {tool} (the tool sentence) and {name} for a text
-    field of the problem's meta (e.g. {domain}, GPQA's). For users who want other wording, e.g. the official
-    prompts, which the project does not carry (`data/download.py --templates` writes them)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            t = json.load(f)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"--prompt-template {path}: no such file") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"--prompt-template {path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    if not isinstance(t, dict) or not all(isinstance(v, str) for v in t.values()):
-        raise ValueError(f"--prompt-template {path}: expected a JSON object of strings")
-    unknown = set(t) - set(PROMPTS) - {"system"}
-    if unknown:
-        raise ValueError(f"--prompt-template {path}: unknown keys {sorted(unknown)}; "
-                         f"known: {sorted(PROMPTS)} and system")
-    for task, text in t.items():
-        if task != "system" and "{problem}" not in text:
-            raise ValueError(f"--prompt-template {path}: the {task!r} template has no {{problem}}")
-    return t
 
 
 def make_prompt(problem: str, task: str = "math", tool_format: str = "hermes", templates: dict | None = None,
@@ -371,15 +320,6 @@ class ToolEnv:
     def truncate(self, text: str) -> str:
         return truncate_middle(text, self.cfg.tool_output_chars)
 
-    def feedback(self, result: tools.ToolResult, instruction: bool = False) -> str:
-        """The error SAAR shows before a regeneration: the result as cut for the model, and with
-        --feedback-instruction an explicit request to fix it."""
-        return self.truncate(result.text) + (FIX_INSTRUCTION if instruction else "")
-
-    def give_up_note(self, retries: int) -> str:
-        """Appended to the last error when SAAR gives up after regenerating the turn `retries` times."""
-        return GIVE_UP_NOTE.format(n=retries)
-
     def tool_turn_ids(self, text: str, ended: bool) -> list[int]:
         return self.tokenizer.encode(tool_turn_text(text, self.cfg.tool_format, ended), add_special_tokens=False)
 
@@ -467,17 +407,15 @@ def readable(traj: Trajectory, tokenizer) -> None:
     cuts = {0, len(ids)} | {i for i in range(1, len(ids)) if mask[i] != mask[i - 1]}
     cuts |= {min(p, len(ids)) for e in traj.saar_events for p in e.get("span", ())}  # a later retry may be shorter
     cuts = sorted(cuts)
-    pieces, at = [], {0: 0}
+    pieces, at, traj.masked = [], {0: 0}, []
     for a, b in zip(cuts, cuts[1:]):
         pieces.append(tokenizer.decode(ids[a:b], skip_special_tokens=False))
         at[b] = at[a] + len(pieces[-1])
-    traj.text = "".join(pieces)
-    traj.masked = []
-    for a, b in zip(cuts, cuts[1:]):
         if mask[a] == 0 and traj.masked and traj.masked[-1][1] == at[a]:
             traj.masked[-1][1] = at[b]  # one range, cut by an event's span
         elif mask[a] == 0:
             traj.masked.append([at[a], at[b]])
+    traj.text = "".join(pieces)
     later = set()  # a later retry of the same turn spliced again where this event's replacement was
     for e in reversed(traj.saar_events):
         if "span" in e:
@@ -485,6 +423,17 @@ def readable(traj: Trajectory, tokenizer) -> None:
             if e["span"][0] in later:
                 e["superseded"] = True
             later.add(e["span"][0])
+
+
+def settle(model: str, cfg: config.Rollout, saar: config.Saar | None) -> config.Rollout:
+    """The settings train.py and eval.py check before a model loads (the tools, the model, built here if offline, and
+    `check`'s), returned with the tool format resolved (auto: by the tokenizer); ValueError or OSError if bad."""
+    tools.offer(cfg.tools)
+    models.resolve(model)
+    cfg = dataclasses.replace(cfg, tool_format=resolve_tool_format(models.load_tokenizer(model), cfg.tool_format)
+                              if cfg.tool_format == "auto" else cfg.tool_format)
+    check(cfg, saar)
+    return cfg
 
 
 def check(cfg: config.Rollout, saar: config.Saar | None) -> None:

@@ -36,6 +36,17 @@ import math
 from dataclasses import dataclass, field
 
 
+# --------------------------------------------------------------------------- what the model reads from SAAR
+
+# What the model reads from SAAR, after a failed call's result (the tool's reply, tools.py, or rollout.parse_call's
+# message, cut to --tool-output-chars): with --feedback-instruction, the fix instruction before it regenerates;
+# when SAAR gives up after 2 or more retries, the give-up note
+FIX_INSTRUCTION = "\nThe tool call above failed. Fix the error and call the tool again."
+# {n}: how often SAAR regenerated the turn before giving up (its retries, as the official note counts them)
+GIVE_UP_NOTE = ("\n\nNote: this approach was retried {n} times, failing with the same kind of error each time. "
+                "Try another algorithm, method or approach instead.")
+
+
 # --------------------------------------------------------------------------- pure parts
 
 def similarity(old: str, new: str) -> float:
@@ -141,8 +152,8 @@ async def retry_failed_call(traj, start: int, result, *, cfg, state: SaarState, 
 
     `cfg` holds SAAR's settings (a config.Saar: gamma, max_retries, sim_on, sim_eos, feedback_instruction,
     is_mode, is_gate). `env` is the rollout's per-trajectory tool environment (rollout.ToolEnv):
-    generate, score, parse, execute, tokenizer, the call syntax, the tool-turn scaffolding and the tool-call
-    budget. (This module imports no project module: settings and the rollout both come in duck-typed.)
+    generate, score, parse, execute, truncate, tokenizer, the call syntax, the tool-turn scaffolding and the
+    tool-call budget. (This module imports no project module: settings and the rollout both come in duck-typed.)
 
     Each decision is logged in `state.events` with what it removed and what took its place, as text: the failed
     turn (`failed`), the error the model saw (`error`), the regenerated turn (`regenerated`), the text spliced in
@@ -160,11 +171,11 @@ async def retry_failed_call(traj, start: int, result, *, cfg, state: SaarState, 
         if retries >= cfg.max_retries or not env.can_call():
             state.on = False  # give up: keep the last failed attempt and its error
             log("given_up", failed=text(traj.response_ids[start:]), error=env.truncate(result.text))
-            return Outcome("given_up", result, note=env.give_up_note(retries) if retries >= 2 else "")
+            return Outcome("given_up", result, note=GIVE_UP_NOTE.format(n=retries) if retries >= 2 else "")
         # snapshot = the trajectory up to and including the failed turn; restoring is truncating to `start`
         old_turn, old_logp = traj.response_ids[start:], traj.logprobs[start:]
         old_spliced = traj.spliced[start:]
-        feedback = env.feedback(result, instruction=cfg.feedback_instruction)
+        feedback = env.truncate(result.text) + (FIX_INSTRUCTION if cfg.feedback_instruction else "")
         fb = env.tool_turn_ids(feedback, env.ended(old_turn))
         if env.left(traj.prompt_ids + traj.response_ids) - len(fb) < 1:
             # no room for the error and a new turn within the response budget: the failed call stays, and

@@ -32,18 +32,22 @@ several epochs on 3K conversations) is not reproduced; this is a CPU-sized warm-
 
     python sft.py                                   # SmolLM2-135M on 128 generated conversations
     python sft.py --data ra_sft.jsonl --model Qwen/Qwen3-4B-Instruct-2507 --tool_format hermes
-train.py calls machinery/warmstart.py's `warm_start`, which runs this once per model and settings and caches it.
+train.py calls `warm_start` (at the end), which runs this once per model and settings and caches it.
 """
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import hashlib
 import json
 import math
 import os
 import random
+import re
 import sys
 import time
 import typing
+from importlib import metadata
 from pathlib import Path
 
 import torch
@@ -54,8 +58,10 @@ import rollout
 import tools
 from data import synth
 from data.benchmarks import jsonl_rows
-from data.models import load_model, load_tokenizer
+from data.models import load_model, load_tokenizer, resolve
 from machinery import checkpoint, packing
+from machinery.cache import built_once, cache_dir, hash_files
+from machinery.policy import freeze_below
 
 
 Args = config.SftArgs  # model and seed (config.Common), the cold start's own settings (config.Sft)
@@ -242,7 +248,7 @@ def build_dataset(tokenizer, *, data: str, n: int, tool_format: str, tool_output
 
 
 def dataset(args: Args, tokenizer) -> list[tuple[list[int], list[int]]]:
-    """The (ids, mask) pairs `run` trains on, for these arguments (machinery/warmstart.py keys its cache on them)."""
+    """The (ids, mask) pairs `run` trains on, for these arguments (`cache_key` keys the warm start on them)."""
     return build_dataset(tokenizer, data=args.sft.data, n=args.sft.n_conversations, tool_format=args.sft.tool_format,
                          tool_output_chars=args.sft.tool_output_chars, max_len=args.sft.max_len, seed=args.common.seed,
                          fix_fraction=args.sft.fix_fraction)
@@ -277,7 +283,7 @@ def train(model, seqs: list[tuple[list[int], list[int]]], *, epochs: int, lr: fl
     """AdamW on the masked token-mean NLL; returns one dict per optimizer step."""
     from tqdm import tqdm
     model.train()
-    grpo.freeze_below(model, train_layers)
+    freeze_below(model, train_layers)
     rng = random.Random(seed)
     batches = []
     for _ in range(epochs):
@@ -314,7 +320,7 @@ def train(model, seqs: list[tuple[list[int], list[int]]], *, epochs: int, lr: fl
         if log is not None:
             log(s)
     bar.close()
-    grpo.freeze_below(model, 0)
+    freeze_below(model, 0)
     model.eval()
     return stats
 
@@ -418,6 +424,76 @@ def run(args: Args) -> dict:
     if args.sft.out:
         (Path(args.sft.out) / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+# ---------------------------------------------------------------------- the warm start: this cold start, trained once
+
+# train.py's (and bench/rollout.py's) call: sft.run on generated conversations, cached under <cache_dir>/sft/<key>. The
+# key covers what it trains on (the conversations' tokens), its settings, the base model's files and the library
+# versions, not the source of any module: an ablation that edits saar.py reuses it, a reworded prompt or error text
+# does not.
+
+def _warm_start_complete(folder: Path) -> bool:
+    try:
+        meta = json.loads((folder / MARKER).read_text())
+        json.loads((folder / "config.json").read_text())
+        return isinstance(meta, dict) and (folder / "model.safetensors").exists()
+    except (OSError, ValueError):
+        return False
+
+
+def sft_args(model_name: str, tool_format: str, seed: int, n: int, overrides: dict) -> Args:
+    """sft.py's arguments for a warm start (no evaluation, no log folder; overrides: other config.Sft fields)."""
+    unknown = set(overrides) - {f.name for f in dataclasses.fields(config.Sft)}
+    if unknown:
+        raise TypeError(f"warm_start: unknown Args fields {sorted(unknown)}")
+    return Args(common=config.Common(model=model_name, seed=seed),
+                sft=config.Sft(tool_format=tool_format, n_conversations=n, **(dict(eval_n=0, out="") | overrides)))
+
+
+def cache_key(model_name: str, tool_format: str, seed: int, n: int, overrides: dict) -> str:
+    """sha256 of what the cold start trains on (the tokenized conversations and their loss masks: the prompts,
+    the tool's texts and the sandbox's real errors, as the rollout writes them), its settings (not where it
+    saves), the base model's files (a local folder or an offline model's built folder; a hub id by name) and
+    the torch and transformers versions. No source is hashed: editing saar.py or grpo.py keeps the cold start,
+    rewording a prompt or an error text changes the conversations and so the key."""
+    args = sft_args(model_name, tool_format, seed, n, overrides)
+    seqs = dataset(args, load_tokenizer(model_name))
+    settings = {k: v for k, v in config.flat(args).items() if k not in ("model", "save", "out")}
+    h = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode())
+    h.update(json.dumps(seqs).encode())
+    folder = Path(resolve(model_name))
+    if folder.is_dir():
+        hash_files(h, folder, skip=(MARKER,))  # a warm start's own build record changes with every build
+    else:  # a hub id
+        h.update(model_name.encode())
+    h.update(" ".join(metadata.version(d) for d in ("torch", "transformers")).encode())
+    return h.hexdigest()[:12]
+
+
+def warm_start(model_name: str, *, tool_format: str = "markdown", seed: int = 0, n: int = 128,
+               cache: str | os.PathLike | None = None, **overrides) -> str:
+    """Path of a model fine-tuned by sft.py for (model, tool_format, seed, n, overrides), trained once on
+    generated warm-up conversations and cached under <cache_dir>/sft/<key> (cache_key: the conversations' tokens,
+    the settings, the base model's files, the library versions).
+
+    overrides are other config.Sft fields (e.g. epochs=1); they are part of the cache key. No evaluation
+    runs here. Processes that start at once (torchrun's ranks) train it once and share it (machinery/cache.py's built_once).
+    """
+    p = Path(model_name).expanduser()
+    digest = cache_key(str(p.resolve()) if p.exists() else model_name, tool_format, seed, n, overrides)
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", p.name or model_name)[-40:]
+    final = Path(cache) if cache is not None else cache_dir() / "sft"
+    final = final / f"{slug}-{tool_format}-s{seed}-n{n}-{digest}"
+    if _warm_start_complete(final):
+        print(f"[sft] warm start: using cached {final}", file=sys.stderr)
+        return str(final)
+
+    def build(tmp: Path):
+        print(f"[sft] warm start: no cached model for {model_name} ({tool_format}, seed {seed}, n {n}); "
+              f"fine-tuning once into {final}", file=sys.stderr)
+        run(sft_args(model_name, tool_format, seed, n, overrides | dict(save=str(tmp))))
+    return str(built_once(final, build, _warm_start_complete))
 
 
 if __name__ == "__main__":

@@ -30,13 +30,13 @@ import torch.distributed as dist
 import config
 import eval as heldout
 import grpo
-import report
 import reward
 import rollout
+import sft
 import tools
 from data import models, problems
 from data.synth import load_problems
-from machinery import checkpoint, evalcache, mismatch, precision, warmstart
+from machinery import checkpoint, evalcache, mismatch, precision, report
 from machinery import policy as policy_mod
 from machinery.policy import gather
 from sandbox import Sandbox
@@ -48,13 +48,11 @@ SUMMED = {"loss", "dropped_groups", "masked_failed", "saar_shallow", "saar_deep"
 
 def main(args: Args):
     t_run = time.perf_counter()
-    args = config.apply_faithful(checkpoint.args_of_run(args) if args.run.eval_only else args)
-    r = args.run
-    d = args.data
-    g = args.grpo
+    args = config.apply_faithful(config.args_of_run(args) if args.run.eval_only else args)
+    r, d, g = args.run, args.data, args.grpo
     s = setup(args)
     start_step, data_pos = resume(s)
-    writer = checkpoint.metric_writer(s.out, args) if s.master else None
+    writer = checkpoint.metric_writer(s.out, args, config.flat(args)) if s.master else None
     warn = mismatch.warn_once(g.mismatch_warn_kl, s.log)
     if d.eval_size and ((start_step == 0 and r.steps > 0) or r.eval_only):  # the baseline, before any update
         baseline(s, start_step, writer)
@@ -170,7 +168,7 @@ def setup(args: Args) -> Setup:
     how = args.machinery.update
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's
     log = functools.partial(print, flush=True) if rank == 0 else (lambda *_: None)  # the master prints
-    out, ckpt_path = checkpoint.prepare_run(args, world, rank == 0)
+    out, ckpt_path = checkpoint.prepare_run(args, world, rank == 0, config.flat(args))
     raw = read_data(args)  # a missing or malformed file stops the run here, before any model loads
     # before the process group: the machine's caches are built once, by whichever rank comes first, and
     # transformers saves a model only on rank 0 of a process group
@@ -178,7 +176,9 @@ def setup(args: Args) -> Setup:
     if rank == 0 and not args.run.eval_only:  # runs are paired only on the same cold start (scripts/experiment.py)
         checkpoint.note_in_run_info(out, cold_start=os.path.basename(os.path.normpath(model_path)))
     device = policy_mod.init_distributed(args.machinery.engine.device)
-    policy, ref, eng, own_copy, tokenizer = policy_mod.build(args, model_path, device, world, log)
+    tokenizer = models.load_tokenizer(model_path)
+    policy, ref, eng, own_copy = policy_mod.build(args, functools.partial(models.load_model, model_path),
+                                                  models.resolve(model_path), tokenizer, device, world, log)
     amp = None if world > 1 or how.update_dtype == "float32" else precision.DTYPES[how.update_dtype]  # one process
     scaler = precision.loss_scaler(how)
     templates = rollout.load_prompt_template(cfg.prompt_template) if cfg.prompt_template else None
@@ -206,19 +206,13 @@ def setup(args: Args) -> Setup:
 def cold_start(args: Args) -> tuple[str, config.Rollout]:
     """(the model to train: --model, or its cold start, cached; the rollout config, its tool format resolved)."""
     c = args.common
-    fmt = args.rollout.tool_format
     try:  # bad settings stop the run here, before a model is trained or loaded
-        tools.offer(args.rollout.tools)
-        models.resolve(c.model)  # an offline model is built here, once per machine
-        if fmt == "auto":
-            fmt = rollout.resolve_tool_format(models.load_tokenizer(c.model), fmt)
-        cfg = dataclasses.replace(args.rollout, tool_format=fmt)
-        rollout.check(cfg, args.saar if args.saar.saar else None)
+        cfg = rollout.settle(c.model, args.rollout, args.saar if args.saar.saar else None)
     except (OSError, ValueError) as e:
         raise SystemExit(str(e)) from None
-    if args.run.warm_start and c.model in models.OFFLINE and fmt != "none":  # cached after once
-        return warmstart.warm_start(c.model, tool_format=fmt, seed=c.seed, fix_fraction=args.run.warm_start_fix,
-                                    tool_output_chars=cfg.tool_output_chars), cfg
+    if args.run.warm_start and c.model in models.OFFLINE and cfg.tool_format != "none":  # cached after once
+        return sft.warm_start(c.model, tool_format=cfg.tool_format, seed=c.seed, fix_fraction=args.run.warm_start_fix,
+                              tool_output_chars=cfg.tool_output_chars), cfg
     return c.model, cfg
 
 
@@ -255,7 +249,7 @@ def baseline(s: Setup, step: int, writer) -> None:
     step-0 score is a function of the weights, the eval settings and the code: an earlier run's is
     reused (evalcache)."""
     if s.args.data.eval_cache and not s.args.run.eval_only:
-        ev = evalcache.cached(s.args, s.model_path, s.templates, s.out if s.master else None,
+        ev = evalcache.cached(heldout.step0_key(s.args, s.model_path, s.templates), s.out if s.master else None,
                               lambda: evaluate(s, step), agree=lambda ev: gather(ev, s.world)[0])
     else:
         ev = evaluate(s, step)
@@ -371,7 +365,7 @@ def push_weights(s: Setup) -> None:
     g = s.args.grpo
     s.eng.resume_memory()
     if s.own_copy:
-        s.eng.update_weights(checkpoint.full_state(s.policy, grpo.lora_scale(g)).items())
+        s.eng.update_weights(checkpoint.full_state(s.policy, policy_mod.lora_scale(g)).items())
     else:
         s.eng.flush_cache()
 
@@ -436,7 +430,7 @@ def finish(s: Setup, start_step: int, saving, t_run: float) -> None:
     paired 95% CI, the training reward's first and last thirds), and everything closed."""
     r = s.args.run
     if r.steps > start_step and not r.eval_only:
-        checkpoint.save_hf(os.path.join(s.out, "hf"), s.policy, s.tokenizer, s.master, grpo.lora_scale(s.args.grpo))
+        checkpoint.save_hf(os.path.join(s.out, "hf"), s.policy, s.tokenizer, s.master, policy_mod.lora_scale(s.args.grpo))
     if saving is not None:
         saving.result()
     if s.master and s.args.data.eval_size:

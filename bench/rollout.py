@@ -113,8 +113,8 @@ def main():
     parts = {int(p) for p in a.parts.split(",")}
     path = a.model
     if not a.no_warm and a.model in models.OFFLINE:
-        from machinery import warmstart
-        path = warmstart.warm_start(a.model, tool_format="markdown", seed=0)
+        import sft
+        path = sft.warm_start(a.model, tool_format="markdown", seed=0)
     tok, model = models.load_tokenizer(path), models.load_model(path).eval()
     problems = synth.make_problems(max(a.requests, a.saar_requests), seed=123, difficulty="rl")
     all_prompts = [rollout.prompt_ids(tok, p.problem, p.task, "markdown") for p in problems]

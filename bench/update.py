@@ -44,6 +44,7 @@ def run_mode(args) -> dict:
     import config
     import grpo
     from machinery import packing, precision
+    from machinery import policy as policy_mod
 
     torch.manual_seed(0)
     cfg = transformers.Qwen2Config(vocab_size=args.vocab, hidden_size=args.hidden, num_hidden_layers=args.layers,
@@ -80,7 +81,7 @@ def run_mode(args) -> dict:
     make = groups if args.mode in ("grouped", "shared") else trajectories
     warm, batch = make(2, 40, 80), make(args.n, args.min_len, args.max_len)
     if args.mode == "lora":  # adapters on every layer: the frozen weights get input gradients, no weight gradients
-        grpo.add_lora(model, args.lora_rank, 2.0 * args.lora_rank)
+        policy_mod.add_lora(model, args.lora_rank, 2.0 * args.lora_rank)
     opt, sched = grpo.make_optimizer(model, lr=1e-5, warmup_steps=1)
     cfg, how = config.Grpo(), config.Update(max_tokens_per_micro=args.max_tokens, share_prompts=args.mode == "shared")
     kw = dict(max_len=args.max_len, temperature=1.0, scaler=precision.LossScaler())

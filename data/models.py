@@ -27,9 +27,10 @@ import functools
 import importlib.util
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
+
+from machinery.cache import built_once, cache_dir, hash_files  # noqa: F401  (models.cache_dir() and the rest, as before)
 
 OFFLINE = ("smollm2-135m", "tiny-qwen3", "tiny-bytes")
 _MARKER = "cleaner_build.json"
@@ -94,11 +95,6 @@ CHATML_TOOLS_TEMPLATE = (
 )
 
 
-def cache_dir() -> Path:
-    """Where built models live: $CLEANER_CACHE, else ~/.cache/cleaner."""
-    return Path(os.environ.get("CLEANER_CACHE", Path.home() / ".cache" / "cleaner"))
-
-
 def resolve(name: str | os.PathLike) -> str:
     """Return a path or hub id that `from_pretrained` accepts, building offline models on demand."""
     name = str(name)
@@ -115,17 +111,6 @@ def resolve(name: str | os.PathLike) -> str:
         raise FileNotFoundError(f"no model folder at {p}")
     raise ValueError(f"unknown model {name!r}: not a local path, not a hub id (org/name), "
                      f"and not one of the offline models {', '.join(OFFLINE)}")
-
-
-def hash_files(h, folder: Path, skip: tuple[str, ...] = ()) -> None:
-    """Feed the files of a model folder (sorted; not those named in skip, nor subfolders), each name and its
-    sha256, to the hashlib object h: the folder's identity by content (evalcache's and sft's cache keys)."""
-    import hashlib
-    for f in sorted(Path(folder).iterdir()):
-        if f.is_file() and f.name not in skip:
-            h.update(f.name.encode())
-            with open(f, "rb") as fh:
-                h.update(hashlib.file_digest(fh, "sha256").digest())
 
 
 @functools.lru_cache(maxsize=8)
@@ -156,33 +141,6 @@ def _cached_build(name: str) -> Path:
         builder(tmp)
         (tmp / _MARKER).write_text(json.dumps({"name": name, "version": _BUILD_VERSION}))
     return built_once(cache_dir() / "models" / name, build, _is_complete)
-
-
-def built_once(final: Path, build, complete) -> Path:
-    """final, a cache folder that build(tmp) writes, built once per machine: the build holds an exclusive lock
-    (flock on a file beside final, released by the kernel when its holder dies), so processes that start at once
-    (torchrun's ranks, two runs) wait for the first builder and then reuse its folder. The build writes a temp
-    folder renamed into place, and a folder that complete() rejects (a killed build's, an older version's) is
-    rebuilt, never trusted."""
-    import fcntl
-    if complete(final):
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    with open(final.parent / f".{final.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if complete(final):  # another process built it while this one waited
-            return final
-        if final.exists():
-            print(f"[cache] {final} is incomplete or stale; rebuilding", file=sys.stderr)
-            shutil.rmtree(final)
-        for dead in final.parent.glob(f".{final.name}.tmp-*"):  # left by killed builds: the lock is ours
-            shutil.rmtree(dead, ignore_errors=True)
-        tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
-        build(tmp)
-        os.replace(tmp, final)
-    if not complete(final):
-        raise RuntimeError(f"built {final}, but it is not complete; see the messages above")
-    return final
 
 
 def _is_complete(folder: Path) -> bool:

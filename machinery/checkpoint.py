@@ -25,16 +25,15 @@ import torch
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
                                                      set_state_dict)
 
-import config
 from machinery import engine
 
 
-def write_run_info(out: str, args) -> None:
-    """Everything needed to reproduce the run: settings, commit, diff, package versions, seed. With --eval-only
-    the run's own record stays, and the evaluation adds a line to evals.jsonl."""
+def write_run_info(out: str, args, settings: dict) -> None:
+    """Everything needed to reproduce the run: settings (config.flat(args)), commit, diff, package versions, seed.
+    With --eval-only the run's own record stays, and the evaluation adds a line to evals.jsonl."""
     here = os.path.dirname(os.path.abspath(__file__))
     git = lambda *a: subprocess.run(["git", *a], cwd=here, capture_output=True, text=True).stdout  # noqa: E731
-    info = dict(args=config.flat(args), seed=args.common.seed, commit=git("rev-parse", "HEAD").strip(),
+    info = dict(args=settings, seed=args.common.seed, commit=git("rev-parse", "HEAD").strip(),
                 argv=sys.argv, python=sys.version, time=time.strftime("%Y-%m-%d %H:%M:%S"))
     if args.run.eval_only:
         with open(os.path.join(out, "evals.jsonl"), "a") as f:
@@ -59,9 +58,9 @@ def note_in_run_info(out: str, **facts) -> None:
     os.replace(path + ".tmp", path)
 
 
-def prepare_run(args, world: int, master: bool) -> tuple[str, str]:
-    """Checks that need the world size or the disk, then the run folder and its run.json: (folder,
-    checkpoint path)."""
+def prepare_run(args, world: int, master: bool, settings: dict) -> tuple[str, str]:
+    """Checks that need the world size or the disk, then the run folder and its run.json (settings:
+    config.flat(args)): (folder, checkpoint path)."""
     r = args.run
     g = args.grpo
     if g.prompts_per_step % g.mini_batch_prompts or g.mini_batch_prompts % world:
@@ -77,24 +76,8 @@ def prepare_run(args, world: int, master: bool) -> tuple[str, str]:
     engine.require(args.machinery.engine.engine)
     if master:
         os.makedirs(os.path.join(out, "rollouts"), exist_ok=True)
-        write_run_info(out, args)  # --eval-only: a line in evals.jsonl, run.json is the run's
+        write_run_info(out, args, settings)  # --eval-only: a line in evals.jsonl, run.json is the run's
     return out, os.path.join(out, "ckpt.pt")
-
-
-# --eval-only keeps these of the call's own settings; everything else comes from the run's run.json
-EVAL_ONLY_OWN = ("run_name", "out_dir", "resume", "eval_only", "eval_saar", "eval_sampled", "device", "wandb_project")
-
-
-def args_of_run(args):
-    """--eval-only: the run's own settings (its run.json), with this call's run, eval and device flags. A run
-    from an older commit may lack newer settings: they keep their defaults."""
-    path = os.path.join(args.run.out_dir, args.run.run_name, "run.json")
-    if not args.run.run_name or not os.path.exists(path):
-        raise SystemExit(f"--eval-only: no run at {path}; name an existing run with --run-name (and --out-dir)")
-    with open(path) as f:
-        saved = json.load(f)["args"]
-    mine = config.flat(args)
-    return config.replace(config.unflat(type(args), saved), **{k: mine[k] for k in EVAL_ONLY_OWN})
 
 
 def full_state(model, lora_scale: float = 0.0) -> dict:
@@ -187,14 +170,15 @@ def save_model(model, tokenizer, path: str | os.PathLike, files: dict[str, str])
     return str(final)
 
 
-def metric_writer(out: str, args: Args):
-    """metrics.jsonl always, TensorBoard scalars (and the SAAR similarity histogram), wandb only when named."""
+def metric_writer(out: str, args, settings: dict):
+    """metrics.jsonl always, TensorBoard scalars (and the SAAR similarity histogram), wandb only when named (with the
+    run's settings, config.flat(args))."""
     from torch.utils.tensorboard import SummaryWriter
     tb = SummaryWriter(os.path.join(out, "tb"))
     wb = None
     if args.run.wandb_project:
         import wandb  # imported only here, so runs without it never need it
-        wb = wandb.init(project=args.run.wandb_project, name=os.path.basename(out), config=config.flat(args))
+        wb = wandb.init(project=args.run.wandb_project, name=os.path.basename(out), config=settings)
 
     def write(m: dict):
         with open(os.path.join(out, "metrics.jsonl"), "a") as f:

@@ -201,12 +201,12 @@ def test_ablation_feedback_instruction_changes_what_the_model_read_not_the_traje
     assert flag("--feedback-instruction") == {"feedback_instruction": True}
     plain, e_plain = roll(tok, sb, FIX, config.Saar())
     told, e_told = roll(tok, sb, FIX, config.Saar(feedback_instruction=True))
-    line = rollout.FIX_INSTRUCTION.strip()
+    line = saar.FIX_INSTRUCTION.strip()
     assert line in tok.decode(e_told.inputs[1]) and line not in tok.decode(e_plain.inputs[1])
     assert e_told.inputs[0] == e_plain.inputs[0] and e_told.inputs[2] == e_plain.inputs[2]  # the answer's context
     assert differs(told, plain) == [] and line not in told.text
     a, b = plain.saar_events[0], told.saar_events[0]  # the event records what the model read
-    assert b["error"] == a["error"] + rollout.FIX_INSTRUCTION
+    assert b["error"] == a["error"] + saar.FIX_INSTRUCTION
     assert {k: v for k, v in a.items() if k != "error"} == {k: v for k, v in b.items() if k != "error"}
 
 
@@ -380,9 +380,9 @@ def test_ablation_mask_failed_drops_a_trajectory_whose_every_call_failed_from_th
 
 def test_ablation_no_warm_start_trains_the_base_model(monkeypatch):
     """--no-warm-start: train.cold_start returns --model itself, not sft.py's warm start; so does --tool-format none.
-    (warmstart.warm_start is replaced by a function that only says it was asked, so that nothing trains.)"""
+    (sft.warm_start is replaced by a function that only says it was asked, so that nothing trains.)"""
     import train
-    from machinery import warmstart
+    import sft
 
     class Asked(Exception):
         pass
@@ -390,7 +390,7 @@ def test_ablation_no_warm_start_trains_the_base_model(monkeypatch):
     def asked(*args, **kw):
         raise Asked
 
-    monkeypatch.setattr(warmstart, "warm_start", asked)
+    monkeypatch.setattr(sft, "warm_start", asked)
     assert flag("--no-warm-start") == {"warm_start": False}
     model = ["--model", "tiny-qwen3"]  # an offline model: the one kind that gets a warm start
     path, cfg = train.cold_start(config.cli(config.Train, "", model + ["--no-warm-start"]))
@@ -410,7 +410,7 @@ def test_ablation_tool_format_none_offers_no_tool_and_runs_no_call(tok, sb):
         assert tools.sentence(fmt) in tok.decode(rollout.prompt_ids(tok, QUESTION, "math", fmt))
         assert tools.sentence(fmt).strip() not in bare
     assert "<tools>" not in bare and "code_interpreter" not in bare
-    # no tool to use or stop calling: the task and the answer's form, as rollout.NO_TOOL_PROMPTS words them
+    # no tool to use or stop calling: the task and the answer's form, as data/prompts.py: NO_TOOL_PROMPTS words them
     assert "Use it" not in bare and "calling the tool" not in bare and "Give the final answer as \\boxed{answer}" in bare
     writes = turn("print(6*7)") + "\n```python\nprint(6*7)\n```\nSo \\boxed{42}.<|im_end|>"
     traj, eng = roll(tok, sb, [writes], tool_format="none")

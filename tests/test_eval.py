@@ -491,7 +491,7 @@ def test_held_out_greedy_with_and_without_test_time_saar(tok, sb, tmp_path):
         dict(id="a", ok=True, calls=0, errors=0, eval="eval_greedy"), dict(id="b", ok=False, calls=2, errors=2, eval="eval_greedy"),
         dict(id="a", ok=True, calls=0, errors=0, eval="eval_greedy_saar"),
         dict(id="b", ok=True, calls=1, errors=1, eval="eval_greedy_saar")]
-    # each record holds the trajectory a reader (report.py) shows: its text, the masked ranges, SAAR's events
+    # each record holds the trajectory a reader (machinery/report.py) shows: its text, the masked ranges, SAAR's events
     assert rows[0]["response"] == "\\boxed{2}<|im_end|>" and rows[0]["masked"] == [] and rows[0]["saar_events"] == []
     assert [e["kind"] for e in rows[3]["saar_events"]] == ["shallow"] and rows[1]["saar_events"] == []
     assert "Error" in rows[1]["response"] and len(rows[1]["masked"]) == 2  # both failed calls' errors stay

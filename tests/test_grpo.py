@@ -22,6 +22,7 @@ import config  # noqa: E402
 import grpo  # noqa: E402
 from grpo import NonFiniteLossError, TrainSeq  # noqa: E402
 from machinery import checkpoint, packing, precision  # noqa: E402
+from machinery import policy as policy_mod  # noqa: E402
 
 V = 300
 
@@ -703,7 +704,7 @@ def test_first_mini_batch_old_logp_from_the_update_pass_is_exact():
 
 def test_freeze_below_trains_only_the_top_layers():
     model = tiny_model(seed=1)
-    grpo.freeze_below(model, 1)
+    policy_mod.freeze_below(model, 1)
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all(n.startswith(("model.layers.1.", "model.norm.")) for n in trainable)
     before = _params(model)
@@ -712,7 +713,7 @@ def test_freeze_below_trains_only_the_top_layers():
     after = _params(model)
     changed = {n for n in after if not torch.equal(after[n], before[n])}
     assert changed and changed <= trainable and "model.layers.1.mlp.up_proj.weight" in changed
-    grpo.freeze_below(model, 0)
+    policy_mod.freeze_below(model, 0)
     assert all(p.requires_grad for p in model.parameters())
 
 
@@ -724,11 +725,11 @@ def test_lora_starts_at_the_model_trains_only_adapters_and_merges_exactly():
     ids = torch.randint(0, V, (1, 12), generator=torch.Generator().manual_seed(0))
     before = model(input_ids=ids).logits.detach()
     frozen = {k: v.clone() for k, v in model.state_dict().items()}
-    grpo.add_lora(model, rank=4, alpha=8.0, train_layers=1)
+    policy_mod.add_lora(model, rank=4, alpha=8.0, train_layers=1)
     assert torch.equal(model(input_ids=ids).logits.detach(), before)  # B = 0 at the start
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     assert trainable and all(".lora_" in n and ".layers.1." in n for n in trainable)
-    assert {n.split(".lora_")[0].rsplit(".", 1)[-1] for n in trainable} == set(grpo.LORA_TARGETS)
+    assert {n.split(".lora_")[0].rsplit(".", 1)[-1] for n in trainable} == set(policy_mod.LORA_TARGETS)
     opt, _ = grpo.make_optimizer(model, lr=1e-2, warmup_steps=0)
     update(model, opt, None, make_batch([10, 12, 9, 11], adv=[1.0, -1.0, 0.5, -0.5]), mini_batch_size=4,
            max_tokens_per_micro=1000)

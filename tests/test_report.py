@@ -1,4 +1,4 @@
-"""report.py in a real headless Chromium (Debian's, driven by Playwright), offline: the report of a small real
+"""machinery/report.py in a real headless Chromium (Debian's, driven by Playwright), offline: the report of a small real
 train.py run loads with no errors, shows every dumped trajectory and SAAR event, opens an event on its failed
 call and error, and its filters count; a damaged copy of the run (a cut metrics line, an empty rollouts file, no
 eval files, markup and a closing script tag in a response) still builds, and shows that markup as text.
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-import report
+from machinery import report
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"

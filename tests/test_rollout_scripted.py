@@ -189,7 +189,7 @@ def test_three_failures_give_up_and_keep_error(tok, sb):
     assert "NameError" in traj.text and "undefined_3" in traj.text
     # the give-up note follows the last error and counts SAAR's regenerations of the turn, as the official
     # note does: 3 retries (4 failed attempts in all)
-    note = rollout.GIVE_UP_NOTE.format(n=3)
+    note = saar.GIVE_UP_NOTE.format(n=3)
     assert "retried 3 times" in note and f"undefined_3' is not defined{note}\n</tool_response>" in traj.text
     # SAAR is off afterwards: the next failure stays in context, unrolled
     assert "also_undefined" in traj.text and traj.text.count("NameError") == 2
@@ -325,7 +325,7 @@ def test_the_give_up_note_counts_the_retries(tok, sb, max_retries, n):
     if n is None:
         assert "Note:" not in traj.text
     else:
-        assert traj.text.count("Note:") == 1 and rollout.GIVE_UP_NOTE.format(n=n) in traj.text
+        assert traj.text.count("Note:") == 1 and saar.GIVE_UP_NOTE.format(n=n) in traj.text
 
 
 def test_tool_header_is_the_official_layout(tok, sb):

@@ -11,7 +11,6 @@ import rollout
 import tools
 import sft
 from data import synth
-from machinery import warmstart
 from data.models import load_model, load_tokenizer
 from fakes import ScriptedEngine
 from sandbox import Sandbox
@@ -205,7 +204,7 @@ def test_packing_and_training_reduce_the_loss():
 
 def test_warm_start_trains_once_saves_a_loadable_model_and_reuses_it(tmp_path):
     kw = dict(tool_format="markdown", seed=0, n=1, cache=tmp_path, micro_tokens=1024, train_layers=0)
-    path = warmstart.warm_start("tiny-bytes", **kw)
+    path = sft.warm_start("tiny-bytes", **kw)
     marker = json.loads((Path(path) / sft.MARKER).read_text())
     assert marker["base_model"] == "tiny-bytes" and marker["conversations"] == 1
     model, tok = load_model(path), load_tokenizer(path)
@@ -214,16 +213,16 @@ def test_warm_start_trains_once_saves_a_loadable_model_and_reuses_it(tmp_path):
     assert any(not torch.equal(a, b) for a, b in zip(model.state_dict().values(), base.state_dict().values()))
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".") and p.is_dir()]  # no temp folder left behind
 
-    assert warmstart.warm_start("tiny-bytes", **kw) == path
+    assert sft.warm_start("tiny-bytes", **kw) == path
     assert json.loads((Path(path) / sft.MARKER).read_text())["created"] == marker["created"]  # not retrained
-    assert warmstart.warm_start("tiny-bytes", **(kw | {"seed": 1})) != path  # another key, another model
+    assert sft.warm_start("tiny-bytes", **(kw | {"seed": 1})) != path  # another key, another model
 
     # a folder whose marker is unreadable (a killed build, a damaged file) is retrained
     (Path(path) / sft.MARKER).write_text("{")
-    assert warmstart.warm_start("tiny-bytes", **kw) == path
+    assert sft.warm_start("tiny-bytes", **kw) == path
     assert json.loads((Path(path) / sft.MARKER).read_text())["created"] > marker["created"]
     with pytest.raises(TypeError, match="unknown Args fields"):
-        warmstart.warm_start("tiny-bytes", cache=tmp_path, learning_rate=1.0)
+        sft.warm_start("tiny-bytes", cache=tmp_path, learning_rate=1.0)
 
 
 def test_parse_args_from_the_dataclass():
@@ -274,7 +273,7 @@ def test_the_warm_start_keys_on_its_conversations_not_on_source(tmp_path):
     fixes = {"fix_fraction": 1.0}  # every conversation makes a broken call and reads its real error
 
     def key() -> str:
-        code = f"from machinery import warmstart; print(warmstart.cache_key('tiny-bytes', 'markdown', 0, 6, {fixes}))"
+        code = f"import sft; print(sft.cache_key('tiny-bytes', 'markdown', 0, 6, {fixes}))"
         return subprocess.run([sys.executable, "-c", code], cwd=copy, capture_output=True, text=True,
                               check=True).stdout.strip()
 
@@ -293,4 +292,4 @@ def test_the_warm_start_keys_on_its_conversations_not_on_source(tmp_path):
                synth.warmup_conversations(6, 0, "markdown", 1.0) for m in c["messages"])
     edit("tools.py", '"Traceback (most recent call last):"', '"Traceback:"')
     assert key() not in (first, second)
-    assert warmstart.cache_key("tiny-bytes", "markdown", 0, 6, fixes) == first  # the checkout itself
+    assert sft.cache_key("tiny-bytes", "markdown", 0, 6, fixes) == first  # the checkout itself

@@ -1,10 +1,10 @@
-"""report.py: one static HTML page of a train.py run folder, to read a run's curves, rollouts and SAAR's edits.
+"""machinery/report.py: one static HTML page of a train.py run folder, to read a run's curves, rollouts and SAAR's edits.
 
-    python -m report out/RUN [out/RUN ...]     # writes out/RUN/report.html; train.py calls write(out) itself
+    python -m machinery.report out/RUN [out/RUN ...]   # writes out/RUN/report.html; train.py calls write(out) itself
 
 A run folder holds its figures as lines of JSON; reading what SAAR did to a trajectory (which call failed, what
 error the model saw, what replaced it, and what is trained on) means matching offsets by hand. The page shows
-it: the curves (drawn by scripts/plot_runs.py, the PNGs of docs/img, embedded), every dumped trajectory turn by
+it: the curves (machinery/plots.py, the PNGs of scripts/plot_runs.py, embedded), every dumped trajectory turn by
 turn with the masked (not trained on) text told apart, each SAAR event's failed call and error struck through
 beside the text spliced in, with a character diff, and the held-out records per problem. Filters pick
 trajectories by step, SAAR decision, reward and problem.
@@ -25,7 +25,7 @@ import re
 import sys
 import time
 
-from scripts import plot_runs
+from machinery import plots
 
 
 def safely(run_dir: str) -> str:
@@ -33,7 +33,7 @@ def safely(run_dir: str) -> str:
     try:
         return f"{write(run_dir)} (open it in a browser)"
     except Exception as e:  # noqa: BLE001
-        return f"not written ({type(e).__name__}: {e}); python -m report {run_dir} tries again"
+        return f"not written ({type(e).__name__}: {e}); python -m machinery.report {run_dir} tries again"
 
 
 def write(run_dir: str) -> str:
@@ -43,7 +43,7 @@ def write(run_dir: str) -> str:
     name = os.path.basename(os.path.normpath(run_dir))
     metrics = []
     if os.path.exists(os.path.join(run_dir, "metrics.jsonl")):
-        metrics = plot_runs.read_metrics(run_dir, warn=lambda m: notes.append(m.replace(run_dir.rstrip("/") + "/", "")))
+        metrics = plots.read_metrics(run_dir, warn=lambda m: notes.append(m.replace(run_dir.rstrip("/") + "/", "")))
     else:
         notes.append("no metrics.jsonl: no curves")
     steps, trajs = _rollouts(run_dir, notes, [r["step"] for r in metrics if isinstance(r["step"], int) and r["step"]])
@@ -104,10 +104,10 @@ def _info(run_dir: str, notes: list[str]) -> dict:
 
 
 def _figures(name: str, metrics: list[dict]) -> list[dict]:
-    """plot_runs' figures of this one run (an arm of one seed), as base64 PNGs."""
+    """The figures (machinery/plots.py) of this one run (an arm of one seed), as base64 PNGs."""
     out = []
-    for figure in plot_runs.FIGURES:
-        fig = plot_runs.draw(figure, {name: [name]}, {name: metrics})
+    for figure in plots.FIGURES:
+        fig = plots.draw(figure, {name: [name]}, {name: metrics})
         if fig is None:
             continue
         import matplotlib.pyplot as plt  # draw() has chosen the Agg backend
