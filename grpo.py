@@ -254,7 +254,7 @@ def loss_normaliser(mini_batch: Sequence[TrainSeq], agg: str, device: torch.devi
     """The mini-batch's global count, summed over ranks: loss tokens (token-mean) or trajectories with one (a
     sequence that mismatch.correct dropped has none)."""
     local = sum(sum(t.loss_mask) if agg == "token-mean" else any(t.loss_mask) for t in mini_batch)
-    return _all_reduce(float(local), "sum", torch.device(device))
+    return precision.over_ranks(float(local), "sum", torch.device(device))
 
 
 # ----------------------------------------------------------------------------- update
@@ -311,7 +311,7 @@ def update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, 
     model.train()
     _set_checkpointing(model, how.gradient_checkpointing)
     starts = list(range(0, len(batch), mini_batch_size))
-    if _all_reduce(len(starts), "max", device) != _all_reduce(len(starts), "min", device):
+    if precision.over_ranks(len(starts), "max", device) != precision.over_ranks(len(starts), "min", device):
         raise ValueError(f"ranks have different numbers of mini-batches (this rank: {len(starts)}); "
                          "give every rank the same number of trajectories")
     t0 = time.perf_counter()
@@ -456,12 +456,3 @@ def _device(model: torch.nn.Module) -> torch.device:
 
 def _dist_on() -> bool:
     return dist.is_available() and dist.is_initialized()
-
-
-def _all_reduce(x: float, op: str, device: torch.device) -> float:
-    """x summed/maxed/minned over ranks; x itself when not distributed."""
-    if not _dist_on():
-        return x
-    t = torch.tensor([x], dtype=torch.float64, device=device)
-    dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op])
-    return t.item()

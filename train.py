@@ -54,8 +54,8 @@ def main(args: Args):
     start_step, data_pos = resume(s)
     writer = checkpoint.metric_writer(s.out, args, config.flat(args)) if s.master else None
     warn = mismatch.warn_once(g.mismatch_warn_kl, s.log)
-    if d.eval_size and ((start_step == 0 and r.steps > 0) or r.eval_only):  # the baseline, before any update
-        baseline(s, start_step, writer)
+    if d.eval_size and ((start_step == 0 and r.steps > 0) or r.eval_only):  # the held-out score before any update
+        step0_eval(s, start_step, writer)
     saving = None  # the checkpoint being written, waited on before the weights change
     nonfinite_run = 0  # non-finite mini-batches skipped in a row, across steps
     for step in range(start_step, start_step if r.eval_only else r.steps):
@@ -244,7 +244,7 @@ def evaluate(s: Setup, step: int) -> dict:
                             grade=s.grade, rank=s.rank, world=s.world)
 
 
-def baseline(s: Setup, step: int, writer) -> None:
+def step0_eval(s: Setup, step: int, writer) -> None:
     """The held-out evaluation before any update (with --eval-only, of the run's current point). The
     step-0 score is a function of the weights, the eval settings and the code: an earlier run's is
     reused (evalcache)."""

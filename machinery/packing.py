@@ -31,9 +31,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
+
+from machinery import precision
 
 PACKED_SDPA = "sdpa_packed"  # the attention implementation name `packed_attention` registers
 
@@ -149,18 +150,10 @@ def _split_to(bins: list[list[int]], k: int, lengths: Sequence[int]) -> list[lis
     return bins
 
 
-def _max_over_ranks(n: int, device: torch.device) -> int:
-    if not (dist.is_available() and dist.is_initialized()):
-        return n
-    t = torch.tensor([float(n)], dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t.item())
-
-
 def _plan(lengths: Sequence[int], max_tokens: int, device: torch.device,
           shared: Sequence[int] | None = None) -> list[list[int]]:
     bins = _pack_runs(lengths, shared, max_tokens) if shared and any(shared) else pack(lengths, max_tokens)
-    return _split_to(bins, _max_over_ranks(len(bins), device), lengths)
+    return _split_to(bins, int(precision.over_ranks(float(len(bins)), "max", device)), lengths)
 
 
 # ----------------------------------------------------------------------------- one row

@@ -8,7 +8,8 @@ config by `loss_scaler`. `native_bf16` tells whether a CPU multiplies bfloat16 i
 After a mini-batch's backward, grpo.update calls `unscale_and_clip` and then `skip_or_raise`: a NaN/inf loss or
 gradient never reaches optimizer.step. An fp16 overflow under a dynamic scale skips its mini-batch (as
 torch.amp.GradScaler does); anything else non-finite stops the update with NonFiniteLossError, or, by flag,
-skips it too (veRL's behaviour). All ranks take the same decision, since each next step has collectives.
+skips it too (veRL's behaviour). All ranks take the same decision, since each next step has collectives:
+`over_ranks`, the project's one all-reduce of a number (grpo.py and packing.py use it too).
 
 This module imports no project module.
 """
@@ -79,7 +80,7 @@ def skip_or_raise(optimizer, scaler: LossScaler, losses: list, norm: torch.Tenso
     bad = [(j, idx) for j, (loss, idx) in enumerate(losses) if not torch.isfinite(loss)]
     # All ranks decide together, or the healthy ones would hang in the next collective. One max
     # carries both: 2 = a loss is bad somewhere, 1 = only a gradient.
-    worst = _max_over_ranks(2.0 if bad else float(not torch.isfinite(norm).item()), device)
+    worst = over_ranks(2.0 if bad else float(not torch.isfinite(norm).item()), "max", device)
     loss_bad, grad_bad = worst == 2.0, worst == 1.0
     if not (loss_bad or grad_bad):
         return None
@@ -97,11 +98,13 @@ def skip_or_raise(optimizer, scaler: LossScaler, losses: list, norm: torch.Tenso
                              f"grad_norm={norm.item()}; the weights were not updated")
 
 
-def _max_over_ranks(x: float, device: torch.device) -> float:
+def over_ranks(x: float, op: str, device: torch.device) -> float:
+    """x summed, maxed or minned ("sum", "max", "min") over torchrun's ranks, in float64 (exact for counts); x itself
+    on one process. The one all-reduce of a number: grpo.update, packing's plan and the non-finite guard use it."""
     if not (dist.is_available() and dist.is_initialized()):
         return x
     t = torch.tensor([x], dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op])
     return t.item()
 
 
