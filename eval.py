@@ -85,7 +85,7 @@ def build(args: config.Eval):
     import rollout
     import tools
     from data import models
-    from machinery.engine import build_engine, require
+    from machinery.engines import build_engine, require
     c, e, r = args.common, args.engine, args.rollout
     require(e.engine)
     try:

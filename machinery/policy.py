@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 import grpo
 from data import models
-from machinery import engine as engine_mod
+from machinery import engines
 from machinery import packing, precision
 
 
@@ -69,8 +69,8 @@ def build(args, model_path: str, device: str, world: int, log):
                      if world > 1 or dtype != torch.float32 or g.lora_rank else policy)
     # SGLang on a CPU: a rank's rollouts of a step at once, each a bounded prompt and its response budget
     in_flight = min(e.engine_batch, max(1, g.prompts_per_step * g.samples_per_prompt // world))
-    eng = engine_mod.build_engine(e.engine, tokenizer, model=gen_model,
-                                  model_path=models.resolve(model_path) if e.engine == "sglang" else None,
+    eng = engines.build_engine(e.engine, tokenizer, model=gen_model,
+                               model_path=models.resolve(model_path) if e.engine == "sglang" else None,
                                   max_batch=in_flight if e.engine == "sglang" else e.engine_batch,
                                   deterministic=e.deterministic, lockstep=e.lockstep,
                                   dtype=e.dtype, mem_fraction_static=e.sglang_mem_fraction, seed=c.seed,
