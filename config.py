@@ -312,7 +312,7 @@ class Update:
 
 @dataclass
 class Engine:
-    """The generation engine and the device (machinery/engine.py)."""
+    """The generation engine and the device (machinery/engines.py builds it)."""
     engine: Literal["hf", "sglang"] = "hf"
     """hf (transformers, any device) or sglang (an in-process SGLang engine per rank, colocated, on the rank's GPU
     or CPU; its environment: scripts/sglang_env.sh)"""

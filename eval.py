@@ -84,9 +84,9 @@ def build(args: config.Eval):
 
     import rollout
     from data import models
-    from machinery.engine import build_engine, require
+    from machinery import engines
     c, e, r = args.common, args.engine, args.rollout
-    require(e.engine)
+    engines.require(e.engine)
     try:  # the checks train.py makes: bad settings stop here, before a model loads
         r = rollout.settle(c.model, r, args.saar if args.saar.saar != "off" else None)
     except (OSError, ValueError) as err:
@@ -100,11 +100,9 @@ def build(args: config.Eval):
     print(f"eval: {c.model} on {'sglang' if sglang else device}, response budget {budget} tokens, "
           f"{r.max_turns} turns, tool format {fmt}", flush=True)
     model = None if sglang else models.load_model(c.model, dtype=getattr(torch, e.dtype), device=device).eval()
-    eng = build_engine(e.engine, tok, model=model, model_path=models.resolve(c.model) if sglang else None,
-                       max_batch=e.engine_batch, deterministic=e.deterministic, lockstep=e.lockstep,
-                       dtype=e.dtype, mem_fraction_static=e.sglang_mem_fraction, seed=c.seed,
-                       server_url=e.sglang_url or None, device=device,
-                       max_context=budget + config.Data.max_prompt_tokens)  # sizes a CPU engine's cache
+    # max_context sizes a CPU engine's cache
+    eng = engines.from_settings(e, tok, model=model, model_path=models.resolve(c.model), seed=c.seed, device=device,
+                                max_batch=e.engine_batch, max_context=budget + config.Data.max_prompt_tokens)
     return tok, eng, dataclasses.replace(r, tool_format=fmt, max_response_tokens=budget)
 
 
@@ -386,7 +384,7 @@ def step0_key(args: config.Train, model_path: str, templates: dict | None = None
     import sft
     import tools
     from data import models, problems, synth
-    from machinery import engine, evalcache, lcb, mathverify, zygote
+    from machinery import engine, engines, evalcache, hf_engine, lcb, mathverify, sglang_engine, zygote
     folder = Path(models.resolve(model_path))  # an offline model's name: its built folder
     if not folder.is_dir():
         return None
@@ -395,8 +393,8 @@ def step0_key(args: config.Train, model_path: str, templates: dict | None = None
     fields = {f.name: getattr(s, f.name) for s in config.sections(args) if isinstance(s, reads)
               for f in dataclasses.fields(s) if f.metadata.get("in_eval", True)}
     fields["templates"] = templates  # the wording --prompt-template loaded, not its path
-    code = (engine, reward, lcb, mathverify, rollout, sandbox, zygote, tools, models, problems, synth) + (
-        (saar,) if saar_on else ())
+    code = (engine, hf_engine, sglang_engine, engines, reward, lcb, mathverify, rollout, sandbox, zygote, tools,
+            models, problems, synth) + ((saar,) if saar_on else ())
     return evalcache.key(folder, fields, [inspect.getsource(m) for m in code] + [inspect.getsource(held_out)],
                          skip=(sft.MARKER,))
 

@@ -333,7 +333,7 @@ def _last_line(s: str) -> str:
 
 
 def evaluate(engine, tokenizer, *, tool_format: str, n: int, seed: int, max_turn_tokens: int = 384) -> dict:
-    """Roll out held-out warm-up problems at T=1 as train.py does (a machinery/engine.py engine, the real sandbox, SAAR
+    """Roll out held-out warm-up problems at T=1 as train.py does (a machinery/engines.py engine, the real sandbox, SAAR
     off), with two turns at most: a call, and an answer after its output.
 
     blocks: first turns holding a call that parses; right: those whose code ran and printed the answer as
@@ -356,7 +356,7 @@ def evaluate(engine, tokenizer, *, tool_format: str, n: int, seed: int, max_turn
 
 
 def _evaluate_model(model, tokenizer, args: Args) -> dict:
-    from machinery.engine import build_engine
+    from machinery.engines import build_engine
     # a fresh one each time: no prefix KV of older weights
     eng = build_engine("hf", tokenizer, model=model.eval(), max_batch=8)
     try:

@@ -144,7 +144,7 @@ class Setup:
     model_path: str  # the warm start (or --model)
     policy: torch.nn.Module
     ref: torch.nn.Module | None  # the reference model of a KL term
-    eng: object  # engine.py's HFEngine or SGLangEngine
+    eng: object  # machinery/hf_engine.py's HFEngine or sglang_engine.py's SGLangEngine
     own_copy: bool  # the engine decodes with its own copy of the weights
     amp: torch.dtype | None  # the update's autocast dtype (None: the weights' own)
     scaler: precision.LossScaler

@@ -57,7 +57,8 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 import config  # noqa: E402
-from machinery import engine as engine_mod  # noqa: E402
+from machinery.hf_engine import HFEngine  # noqa: E402
+from machinery.sglang_engine import SGLangEngine  # noqa: E402
 import grpo  # noqa: E402
 from machinery import mismatch, precision  # noqa: E402
 from machinery.engine import SamplingParams  # noqa: E402
@@ -109,10 +110,10 @@ def make_engine(kind: str, policy, args, tmp: str):
     if kind == "hf":
         # Its own copy: sharing the module would make update_weights a no-op and hide the copy's cost.
         gen_model = copy.deepcopy(policy).eval().requires_grad_(False)
-        return engine_mod.HFEngine(gen_model, None, max_batch=args.batch, eos_token_ids=[])
+        return HFEngine(gen_model, None, max_batch=args.batch, eos_token_ids=[])
     policy.save_pretrained(tmp)  # SGLang loads from disk; the trainer's copy stays in this process
-    return engine_mod.SGLangEngine(tmp, dtype=args.dtype, mem_fraction_static=args.sglang_mem,
-                                   skip_tokenizer_init=True, enable_memory_saver=False)
+    return SGLangEngine(tmp, dtype=args.dtype, mem_fraction_static=args.sglang_mem,
+                        skip_tokenizer_init=True, enable_memory_saver=False)
 
 
 def pick_engine(want: str, device: torch.device) -> str:
@@ -255,7 +256,7 @@ def main():
     p.add_argument("--prompt-len", type=int, help="prompt tokens (default 512; tiny 64)")
     p.add_argument("--gen-len", type=int, help="new tokens per prompt (default 256; tiny 32)")
     p.add_argument("--engine", choices=["auto", "hf", "sglang"], default="auto",
-                   help="auto: SGLang when it imports and engine.SGLangEngine exists, else HF")
+                   help="auto: SGLang when it imports and sglang_engine.SGLangEngine exists, else HF")
     p.add_argument("--steps", type=int, default=2, help="measured steps, after one small warm-up step")
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
     p.add_argument("--device", default="auto", help="cuda, cpu or auto")

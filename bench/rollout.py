@@ -1,4 +1,4 @@
-"""Rollout speed on the CPU backend, measured side by side in one run (rollout.py, saar.py, engine.py).
+"""Rollout speed on the CPU backend, measured side by side in one run (rollout.py, saar.py, hf_engine.py).
 
 Figures:
   1. the HF engine's batched tokens/s against one-request-at-a-time generation of the same requests;
@@ -37,7 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import config  # noqa: E402
 import rollout  # noqa: E402
 from data import models, synth  # noqa: E402
-from machinery.engine import HFEngine, SamplingParams  # noqa: E402
+from machinery.engine import SamplingParams  # noqa: E402
+from machinery.hf_engine import HFEngine  # noqa: E402
 from sandbox import Sandbox  # noqa: E402
 
 

@@ -10,10 +10,13 @@ Each module is called from a named place in the root, so a reader of the algorit
   checkpoint.py  the run folder: run.json, checkpoints, metrics, HF export    train.py
   evalcache.py   the step-0 evaluation, reused across runs                    train.py
   warmstart.py   the cold start (sft.py), trained once and reused             train.py, bench/rollout.py
-  engine.py      the generation engines: HF (CPU) and SGLang, one interface   build_engine: train.py, eval.py, sft.py
+  engine.py      the engines' interface: SamplingParams, GenOutput            rollout.py, the engines
+  hf_engine.py   the HF engine: its own decoder loop, CPU or any device       engines.build_engine
+  sglang_engine.py SGLang's engine; its temp folder, /dev/shm cleanup         engines.build_engine
+  engines.py     build_engine, require: the one place an engine is made       train.py, eval.py, sft.py
   zygote.py      the sandbox's pool and zygotes (the zygote's whole program)  sandbox.Sandbox
 packing, precision, mismatch, lcb, mathverify, engine and zygote are leaves: they import no project module
-(tests/test_imports.py checks it). checkpoint.py reads config.py and engine.require, evalcache.py the modules
-whose source is part of its key, warmstart.py runs sft.py, and policy.py calls grpo.py's freezing and LoRA
-before it shards.
+(tests/test_imports.py checks it); hf_engine and sglang_engine import only engine, engines only those two.
+checkpoint.py reads config.py and engines.require, evalcache.py the modules whose source is part of its key,
+warmstart.py runs sft.py, and policy.py calls grpo.py's freezing and LoRA before it shards.
 """

@@ -25,7 +25,7 @@ import torch
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
                                                      set_state_dict)
 
-from machinery import engine
+from machinery import engines
 
 
 def write_run_info(out: str, args, settings: dict) -> None:
@@ -73,7 +73,7 @@ def prepare_run(args, world: int, master: bool, settings: dict) -> tuple[str, st
     out = os.path.join(r.out_dir, r.run_name or time.strftime("run-%Y%m%d-%H%M%S"))
     if r.resume and not os.path.exists(os.path.join(out, "ckpt.pt")):
         raise SystemExit(f"--resume: no checkpoint at {os.path.join(out, 'ckpt.pt')}")
-    engine.require(args.machinery.engine.engine)
+    engines.require(args.machinery.engine.engine)
     if master:
         os.makedirs(os.path.join(out, "rollouts"), exist_ok=True)
         write_run_info(out, args, settings)  # --eval-only: a line in evals.jsonl, run.json is the run's

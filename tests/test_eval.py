@@ -396,10 +396,10 @@ def test_generate_passes_its_settings_to_the_rollout(monkeypatch):
 def test_generate_rolls_out_and_grades_each_sample_as_score_does(monkeypatch):
     """generate rolls out with the scripted model (the only fake) and grades every sample with eval's own
     grader: the records hold pred, gold and correct, the same as --score's re-grading gives."""
-    from machinery import engine
+    from machinery import engines
     from fakes import ScriptedEngine
     script = ["So \\boxed{2}.<|im_end|>", "\\boxed{3}<|im_end|>", "\\boxed{007}<|im_end|>", "no answer<|im_end|>"]
-    monkeypatch.setattr(engine, "build_engine", lambda kind, tok, **kw: ScriptedEngine(tok, script))
+    monkeypatch.setattr(engines, "build_engine", lambda kind, tok, **kw: ScriptedEngine(tok, script))
     monkeypatch.setitem(ev.BENCHMARKS, "toy", ev.Benchmark("math", lambda b: [], lambda b: 2, True))
     probs = [Problem(id=i, problem=q, answer=a, task="math", meta={"benchmark": "toy"})
              for i, q, a in (("t1", "What is 1 + 1?", "2"), ("t2", "What is 3 + 4?", "7"))]

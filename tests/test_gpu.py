@@ -201,7 +201,8 @@ def test_fsdp2_bf16_mixed_precision_update(model_name, nccl_group):
 
 def test_hf_engine_on_cuda_logprobs_and_greedy(model_name):
     from data import models
-    from machinery.engine import HFEngine, SamplingParams
+    from machinery.engine import SamplingParams
+    from machinery.hf_engine import HFEngine
     tok = models.load_tokenizer(model_name)
     model = models.load_model(model_name, dtype=torch.float32).cuda().eval()
     eng = HFEngine(model, tok, max_batch=4)
@@ -233,7 +234,8 @@ def test_hf_engine_on_cuda_logprobs_and_greedy(model_name):
 
 def test_update_weights_on_cuda_switches_the_engine_to_the_new_model(model_name):
     from data import models
-    from machinery.engine import HFEngine, SamplingParams
+    from machinery.engine import SamplingParams
+    from machinery.hf_engine import HFEngine
     tok = models.load_tokenizer(model_name)
     old = models.load_model(model_name, dtype=torch.float32).cuda().eval()
     new = copy.deepcopy(old)

@@ -1,7 +1,7 @@
 """End-to-end learning checks: GRPO really learns, and SAAR's purified tokens are what it learns from.
 
 1. `test_grpo_learns_and_sign_flip_unlearns`: a tiny random model (the offline tiny-bytes model) samples
-   through the real `engine.HFEngine` (seeded, temperature 1) and is trained with the real
+   through the real `hf_engine.HFEngine` (seeded, temperature 1) and is trained with the real
    `grpo.compute_advantages` / `grpo.compute_old_logprobs` / `grpo.update` on a reward it can learn from
    scratch: +1 if the 8 sampled tokens contain one of the bytes "0123", else -1 (about 10% of samples at
    init). The reward rises far beyond sampling noise. Negative control in the same test: the identical run
@@ -32,7 +32,8 @@ import reward
 import rollout
 import saar
 from data.models import load_model, load_tokenizer
-from machinery.engine import HFEngine, SamplingParams
+from machinery.engine import SamplingParams
+from machinery.hf_engine import HFEngine
 from fakes import ScriptedEngine
 from machinery import packing, precision
 from sandbox import Sandbox

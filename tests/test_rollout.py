@@ -10,7 +10,7 @@ import rollout
 import tools
 from data.models import load_model, load_tokenizer
 from data.problems import load_named
-from machinery.engine import HFEngine
+from machinery.hf_engine import HFEngine
 from sandbox import Sandbox
 
 

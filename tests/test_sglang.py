@@ -1,4 +1,4 @@
-"""engine.SGLangEngine through the real SGLang: in-process and as an HTTP server, and train.py end to end.
+"""sglang_engine.SGLangEngine through the real SGLang: in-process and as an HTTP server, and train.py end to end.
 
 These run in the environment `bash scripts/sglang_env.sh DIR` builds (`DIR/bin/python -m pytest -q
 tests/test_sglang.py`; .ci/run does so). On a machine without a GPU that is SGLang's CPU engine, in float32 with
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from machinery import engine
+from machinery import engine, hf_engine, sglang_engine
 from data import models
 
 if importlib.util.find_spec("sglang") is None:  # find_spec: sglang must not be imported before the engine sets
@@ -40,7 +40,7 @@ NAME = "smollm2-135m"  # real weights, so greedy text is text and stop strings a
 def sglang_shm() -> set[str]:
     """SGLang's own /dev/shm files (the semaphores this process still holds are unlinked at its exit, which
     tests/test_paper_scripts.py checks of train.py's)."""
-    return {n for n in os.listdir("/dev/shm") if n.startswith(engine._SGLANG_SHM)}
+    return {n for n in os.listdir("/dev/shm") if n.startswith(sglang_engine._SGLANG_SHM)}
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +67,7 @@ def files_before():
 
 @pytest.fixture(scope="module")
 def eng(tok, files_before):
-    e = engine.SGLangEngine(models.resolve(NAME), dtype=DTYPE, device=DEVICE, mem_fraction_static=0.3,
+    e = sglang_engine.SGLangEngine(models.resolve(NAME), dtype=DTYPE, device=DEVICE, mem_fraction_static=0.3,
                             eos_token_ids=[tok.eos_token_id])
     yield e
     e.shutdown()
@@ -132,7 +132,7 @@ def test_sampling_runs_and_seeds_need_deterministic_inference(eng, tok):
     if DEVICE == "cpu":
         t0 = time.perf_counter()
         with pytest.raises(ValueError, match="deterministic"):
-            engine.SGLangEngine(models.resolve(NAME), dtype=DTYPE, device="cpu", deterministic=True)
+            sglang_engine.SGLangEngine(models.resolve(NAME), dtype=DTYPE, device="cpu", deterministic=True)
         assert time.perf_counter() - t0 < 1.0  # refused at once, no engine started
 
 
@@ -155,7 +155,7 @@ def test_greedy_tokens_agree_with_the_hf_engine_on_the_demos_prompts(eng, tok, p
     cfg = config.Train().rollout
     probs = load_problems(config.Train().data.train_data, seed=0, n=8)
     prompts = [rollout.prompt_ids(tok, p.problem, p.task, cfg.tool_format, meta=p.meta) for p in probs]
-    hf = engine.HFEngine(policy, tok, max_batch=1, deterministic=True, eos_token_ids=[tok.eos_token_id])
+    hf = hf_engine.HFEngine(policy, tok, max_batch=1, deterministic=True, eos_token_ids=[tok.eos_token_id])
     n = 48 if DEVICE == "cpu" else 4
 
     async def both(ids):
@@ -234,7 +234,7 @@ def test_shutdown_leaves_no_process_and_no_file(eng, files_before):
 def test_an_engine_that_fails_to_start_leaves_no_file(tok):
     before = sglang_tmp()
     with pytest.raises(TypeError, match="no_such_setting"):  # refused by SGLang's own settings, inside its start
-        engine.SGLangEngine(models.resolve(NAME), dtype=DTYPE, device=DEVICE, no_such_setting=1)
+        sglang_engine.SGLangEngine(models.resolve(NAME), dtype=DTYPE, device=DEVICE, no_such_setting=1)
     assert sglang_tmp() <= before
 
 
@@ -271,7 +271,7 @@ def test_http_server_mode_generates_and_takes_the_same_weight_push(tok, policy, 
             assert server.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
             assert time.time() < deadline, "the SGLang server did not come up in 240 s"
             time.sleep(1)
-        eng = engine.SGLangEngine(server_url=url, eos_token_ids=[tok.eos_token_id])
+        eng = sglang_engine.SGLangEngine(server_url=url, eos_token_ids=[tok.eos_token_id])
         assert eng.frees_memory == (DEVICE != "cpu")  # read from the server's own settings
         ids = prompt(tok)
         before = gen(eng, ids)
@@ -296,7 +296,7 @@ def test_http_server_mode_generates_and_takes_the_same_weight_push(tok, policy, 
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
         log.close()
-        engine._remove_orphan_shm(shm)  # what the server, a process of the user's, leaves: not the adapter's
+        sglang_engine._remove_orphan_shm(shm)  # what the server, a process of the user's, leaves: not the adapter's
 
 
 # ---------------------------------------------------------------------------------------------- train.py

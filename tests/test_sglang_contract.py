@@ -4,7 +4,7 @@ tests/test_sglang.py runs the adapter through the real SGLang (its CPU engine in
 CPU run makes. What stays unexercised there is GPU-only: the memory saver (enable_memory_saver, and with it
 release/resume_memory_occupation in-process and over HTTP) and base_gpu_id (a torchrun rank's engine on its own
 GPU). For those we download the pinned wheel (no dependencies), read SGLang's own source with `ast`, and check
-that each name the adapter uses exists; the adapter's side is itself read from engine.py with `ast`, so a
+that each name the adapter uses exists; the adapter's side is itself read from sglang_engine.py with `ast`, so a
 renamed call is caught too (the negative controls at the end).
 """
 import ast
@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from machinery import engine
+from machinery import engine, sglang_engine
 from data.models import cache_dir
 
 ROOT = Path(__file__).resolve().parents[1]
-ADAPTER = ROOT / "machinery" / "engine.py"
-VERSION = engine.SGLANG_VERSION
+ADAPTER = ROOT / "machinery" / "sglang_engine.py"
+VERSION = sglang_engine.SGLANG_VERSION
 # The wheel's Python source is the same on every platform; pin one so every machine reads the same file.
 PLATFORM = ["--platform", "manylinux_2_34_x86_64", "--python-version", "3.11", "--implementation", "cp"]
 
@@ -107,7 +107,7 @@ GPU_ONLY = {"methods": {"release_memory_occupation", "resume_memory_occupation"}
 
 
 def adapter_facts(src: str) -> dict:
-    """The GPU-only names SGLangEngine uses, read from engine.py's syntax tree: sglang.Engine methods, keyword
+    """The GPU-only names SGLangEngine uses, read from sglang_engine.py's syntax tree: sglang.Engine methods, keyword
     arguments of sglang.Engine (and keys of the engine_kwargs dicts that feed it), HTTP routes."""
     tree = ast.parse(src)
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "SGLangEngine")
@@ -129,7 +129,7 @@ def adapter_facts(src: str) -> dict:
 def contract_errors(src: str, sg: dict[str, str]) -> list[str]:
     """Every way in which the adapter source `src` asks for a GPU-only name SGLang does not have."""
     facts = adapter_facts(src)
-    errors = [f"engine.py no longer uses {name!r}" for k in GPU_ONLY for name in sorted(GPU_ONLY[k] - facts[k])]
+    errors = [f"sglang_engine.py no longer uses {name!r}" for k in GPU_ONLY for name in sorted(GPU_ONLY[k] - facts[k])]
     ep = _classes(sg, "sglang/srt/entrypoints/")
     methods = _methods(ep["Engine"], ep)
     for name in sorted(facts["methods"]):
@@ -189,14 +189,15 @@ def test_output_parsing_follows_sglang_meta_info():
     # shapes as SGLang's TokenizerManager builds them: (logprob, token_id, text) per token
     out = {"output_ids": [5, 7, 2], "meta_info": {"finish_reason": {"type": "stop", "matched": 2},
                                                   "output_token_logprobs": [(-0.5, 5, None), (-1.0, 7, None), (-0.1, 2, None)]}}
-    assert engine.sglang_gen_output(out) == engine.GenOutput([5, 7, 2], [-0.5, -1.0, -0.1], "stop")
+    assert sglang_engine.sglang_gen_output(out) == engine.GenOutput([5, 7, 2], [-0.5, -1.0, -0.1], "stop")
     out["meta_info"]["finish_reason"] = {"type": "abort", "message": "oom"}
     with pytest.raises(RuntimeError, match="abort"):
-        engine.sglang_gen_output(out)
+        sglang_engine.sglang_gen_output(out)
     out = {"meta_info": {"input_token_logprobs": [(None, 3, None), (-2.0, 4, None), (-3.0, 9, None)]}}
-    assert engine.sglang_scores(out, [1, 3, 4, 9], 2) == [-2.0, -3.0]
+    assert sglang_engine.sglang_scores(out, [1, 3, 4, 9], 2) == [-2.0, -3.0]
     with pytest.raises(RuntimeError, match="do not cover"):
-        engine.sglang_scores(out, [1, 3, 4, 9], 1)
-    d = engine.sglang_sampling_params(engine.SamplingParams(temperature=0, stop=["</tool_call>"], seed=7), [2])
+        sglang_engine.sglang_scores(out, [1, 3, 4, 9], 1)
+    d = sglang_engine.sglang_sampling_params(engine.SamplingParams(temperature=0, stop=["</tool_call>"], seed=7), [2])
     assert d["stop"] == ["</tool_call>"] and d["stop_token_ids"] == [2] and d["no_stop_trim"] is True
-    assert d["sampling_seed"] == 7 and "stop_token_ids" not in engine.sglang_sampling_params(engine.SamplingParams())
+    assert d["sampling_seed"] == 7 and "stop_token_ids" not in sglang_engine.sglang_sampling_params(
+        engine.SamplingParams())
