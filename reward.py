@@ -141,6 +141,12 @@ def grade_code(response: str, tests, sandbox=None, per_test_s: float = 6.0, tota
 # One entry point for training and eval
 # ---------------------------------------------------------------------------------------------------
 
+def training_reward(correct: bool, length: int, max_len: int, g) -> float:
+    """The training reward, all of it: the paper's +1/-1 on the outcome, plus DAPO's soft overlong penalty over the
+    last g.overlong_buffer tokens of the max_len budget (g: a config.Grpo). train.sample_groups calls it."""
+    return (1.0 if correct else -1.0) + overlong_penalty(length, max_len, g.overlong_buffer, g.overlong_penalty)
+
+
 def overlong_penalty(length: int, max_len: int, buffer: int, factor: float) -> float:
     """DAPO's soft overlong punishment: 0 until max_len - buffer, then a linear ramp to -factor."""
     if buffer <= 0:

@@ -362,7 +362,7 @@ async def rollout_one(engine, sandbox, tokenizer, prompt: list[int], cfg: config
         note = ""
         if not result.ok and state.on:
             out = await retry_failed_call(traj, start, result, cfg=saar, state=state, env=env)
-            if out.continues:  # the failed turn and its error stay, and a regenerated turn follows them
+            if out.next_turn is not None:  # the failed turn and its error stay, and a regenerated turn follows them
                 _record(traj, start, out.result, env)
                 return await handle_turn(out.next_turn, out.next_finish)
             result, note = out.result, out.note

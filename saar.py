@@ -121,30 +121,19 @@ class SaarState:
 
 @dataclass
 class Outcome:
-    """What `retry_failed_call` left behind; `mode` says which of two layouts the trajectory now has.
-
-      "fixed"     a replacement's call ran and succeeded: the turn at the failed position holds it, and
-                  `result` is its result, to append as the tool turn.
-      "given_up"  retries, the call cap or the response budget ran out: the last failed attempt stays at the
-                  failed position; `result` is its error, `note` the give-up note to append after it ("" when
-                  there is none). SAAR is off for the rest of the trajectory.
-      "answered"  the regenerated turn has no call: the failed turn and its error stay, `result` being that
-                  error, and the regenerated turn follows them from `next_turn` (its generation ended with
-                  `next_finish`), to be processed as an ordinary turn. SAAR is off.
-      "gated"     (is_mode "gate") the replacement was refused: the same layout as "answered", SAAR stays on.
-    In the first two modes the rollout appends `result` (and `note`); in the last two the error is already in
-    the trajectory and the rollout goes on with the turn at `next_turn`.
+    """What `retry_failed_call` leaves the rollout: the trajectory is already laid out, and the rollout goes on in one
+    of two ways (each event's kind is in `SaarState.events`):
+      next_turn None  the turn at the failed position holds the call to keep (a replacement whose call succeeded, or,
+                      SAAR having given up, the last failed attempt): append `result`, then `note` (the give-up note,
+                      "" for none), as its tool turn.
+      next_turn set   the failed turn and its error stay (the model answered instead of calling again, or the gate
+                      refused the replacement), and the regenerated turn follows them at next_turn, its generation
+                      ended by next_finish: the rollout handles it as any turn.
     """
-    mode: str
     result: object
     note: str = ""
     next_turn: int | None = None
     next_finish: str = ""
-
-    @property
-    def continues(self) -> bool:
-        """The failed turn and its error stayed, and a regenerated turn follows them."""
-        return self.mode in ("answered", "gated")
 
 
 async def retry_failed_call(traj, start: int, result, *, cfg, state: SaarState, env) -> Outcome:
@@ -171,7 +160,7 @@ async def retry_failed_call(traj, start: int, result, *, cfg, state: SaarState, 
         if retries >= cfg.max_retries or not env.can_call():
             state.on = False  # give up: keep the last failed attempt and its error
             log("given_up", failed=text(traj.response_ids[start:]), error=env.truncate(result.text))
-            return Outcome("given_up", result, note=GIVE_UP_NOTE.format(n=retries) if retries >= 2 else "")
+            return Outcome(result, note=GIVE_UP_NOTE.format(n=retries) if retries >= 2 else "")
         # snapshot = the trajectory up to and including the failed turn; restoring is truncating to `start`
         old_turn, old_logp = traj.response_ids[start:], traj.logprobs[start:]
         old_spliced = traj.spliced[start:]
@@ -182,7 +171,7 @@ async def retry_failed_call(traj, start: int, result, *, cfg, state: SaarState, 
             # the rollout then finds no room for its result either (finish reason "length")
             state.on = False
             log("given_up", failed=text(old_turn), error=env.truncate(result.text), reason="budget")
-            return Outcome("given_up", result)
+            return Outcome(result)
         traj.extend(fb, mask=0)
         next_turn = len(traj.response_ids)
         new = await env.generate(traj.prompt_ids + traj.response_ids)  # room if the error and the new turn both stay
@@ -193,7 +182,7 @@ async def retry_failed_call(traj, start: int, result, *, cfg, state: SaarState, 
             state.on = False
             log("answered", failed=text(old_turn), error=feedback, regenerated=text(new.token_ids),
                 regen_tokens=len(new.token_ids), span=[next_turn, next_turn + len(new.token_ids)])
-            return Outcome("answered", result, next_turn=next_turn, next_finish=new.finish_reason)
+            return Outcome(result, next_turn=next_turn, next_finish=new.finish_reason)
         rep = replace_turn(old_turn, new.token_ids, tokenizer=env.tokenizer, syntax=env.syntax, gamma=cfg.gamma,
                            sim_on=cfg.sim_on, sim_eos=cfg.sim_eos)
         n_new = len(rep.ids) - rep.keep
@@ -212,7 +201,7 @@ async def retry_failed_call(traj, start: int, result, *, cfg, state: SaarState, 
                 log("gated", rep.similarity, failed=text(old_turn), error=feedback, regenerated=text(new.token_ids),
                     seq_ratio=seq_ratio, regen_tokens=len(new.token_ids),
                     span=[next_turn, next_turn + len(new.token_ids)])
-                return Outcome("gated", result, next_turn=next_turn, next_finish=new.finish_reason)
+                return Outcome(result, next_turn=next_turn, next_finish=new.finish_reason)
         traj.truncate(start)  # restore the snapshot: the error and the failed call vanish
         # the new tokens are spliced in: sampled with the error in context, trained without it (machinery/mismatch.py)
         traj.extend(rep.ids, mask=1, logprobs=new_logp, spliced=list(old_spliced[:rep.keep]) + [1] * n_new)
@@ -220,4 +209,4 @@ async def retry_failed_call(traj, start: int, result, *, cfg, state: SaarState, 
             replacement=text(rep.ids), regen_tokens=len(new.token_ids), span=[start, start + len(rep.ids)])
         result = await env.execute(env.parse(rep.ids), retry=True)
         if result.ok:
-            return Outcome("fixed", result)
+            return Outcome(result)

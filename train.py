@@ -292,8 +292,7 @@ def sample_groups(s: Setup, step: int, data_pos: int, t: dict):
         trajs_r, correct_r = s.loop.run_until_complete(rollout.rollout_and_grade(
             s.eng, s.sandbox, s.tokenizer, problems_r, s.cfg, saar, grade=s.grade,
             n=n, seeds=seeds, metas=metas, templates=s.templates, progress=s.master, times=t))
-        rewards_r = [(1.0 if ok else -1.0) + reward.overlong_penalty(len(tr.response_ids), s.cfg.max_response_tokens,
-                                                                     g.overlong_buffer, g.overlong_penalty)
+        rewards_r = [reward.training_reward(ok, len(tr.response_ids), s.cfg.max_response_tokens, g)
                      for tr, ok in zip(trajs_r, correct_r)]
         seen += zip(trajs_r, rewards_r, correct_r)
         groups_r = [m["group"] for m in metas]
