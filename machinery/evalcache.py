@@ -59,7 +59,7 @@ def key(args, model_path: str, templates: dict | None = None) -> str | None:
     import sft
     import tools
     from data import models, problems, synth
-    from machinery import engine, lcb, mathverify, zygote
+    from machinery import engine, lcb, mathverify, sandbox_pool, zygote
     folder = Path(models.resolve(model_path))  # an offline model's name: its built folder
     if not folder.is_dir():
         return None
@@ -73,7 +73,8 @@ def key(args, model_path: str, templates: dict | None = None) -> str | None:
     fields["templates"] = templates  # the wording --prompt-template loaded, not its path
     h.update(json.dumps(fields, sort_keys=True).encode())
     with_saar = (saar,) if saar_on else ()  # an ablation of SAAR (its code or its settings) keeps the entry
-    for mod in (engine, reward, lcb, mathverify, rollout, sandbox, zygote, tools, models, problems, synth) + with_saar:
+    for mod in (engine, reward, lcb, mathverify, rollout, sandbox, sandbox_pool, zygote, tools, models, problems,
+                synth) + with_saar:
         h.update(inspect.getsource(mod).encode())
     h.update(inspect.getsource(heldout.held_out).encode())
     h.update(" ".join(metadata.version(d) for d in ("torch", "transformers")).encode())
