@@ -13,8 +13,8 @@ This file reads top down: this docstring (what a call returns, what each layer s
 covered), what a call returns (ExecResult), the API (Sandbox, Session) and the containment policy
 (what is hidden, which syscalls are refused). How code runs, in a pool of zygotes that fork a ready
 child per call and a holder process per session (the checkpoint a failed cell rolls back to), is
-machinery/: sandbox_pool.py, the trainer's side (the pool), and zygote.py, the zygote's whole program; zygote.py's
-docstring says what runs where.
+machinery/: sandbox_pool.py, the trainer's side (the pool), and zygote.py with its rooms zygote_*.py, the zygote's
+whole program; zygote.py's docstring says what runs where and which file holds what.
 
 What a call returns
 - An ExecResult: facts, not text. The kind (ERROR_KINDS), the streams (head and tail), the exception's
@@ -39,13 +39,13 @@ What is covered (layers used when available; `Sandbox.layers` lists the active o
   and only the interpreter's own directories are re-exposed, read-only. So are the folders the code
   must not read (`_hidden`: this checkout with its graders, tests and run folders, the problem sets
   beside it, the caches, the caller's `hide=`, and the host's top-level folders but the system's). What the
-  zygote needs from them, a venv and zygote.py, is bound at /run/sandbox (`sandbox_pool._placed`) and run from
-  there, so
+  zygote needs from them, a venv and its program (machinery/zygote*.py), is bound at /run/sandbox
+  (`sandbox_pool._placed`) and run from there, so
   that no path the code can find (argv, sys.path, the environment, /proc/self/maps) names the checkout.
 - netns / mountns: without bwrap, root unshares a network namespace (no interfaces up) and a mount
   namespace in which /tmp (scratch_mb, holding the scratch dirs), /var/tmp, /run and /var/crash are
   root-owned tmpfs and /dev/shm a 64 MB tmpfs wiped after every execution; the folders of `_hidden` are
-  empty there too, and what the zygote needs below any of them (the interpreter, a venv, zygote.py) is
+  empty there too, and what the zygote needs below any of them (the interpreter, a venv, its program) is
   bound back read-only, as under bwrap; then the zygote runs itself again from /run/sandbox (`zygote._enter_placed`).
 - hidepid: with bwrap or mountns, /proc is a new instance with hidepid=invisible: the code sees only
   the processes of its own uid (its own run or session), not the trainer's, the zygote's or another

@@ -12,9 +12,11 @@ Each module is called from a named place in the root, so a reader of the algorit
   warmstart.py   the cold start (sft.py), trained once and reused             train.py, bench/rollout.py
   engine.py      the generation engines: HF (CPU) and SGLang, one interface   build_engine: train.py, eval.py, sft.py
   sandbox_pool.py the sandbox's pool of zygotes, the trainer's side           sandbox.Sandbox
-  zygote.py      the zygote's whole program (what runs in the sandbox)        sandbox_pool.Pool, as a process
-packing, precision, mismatch, lcb, mathverify, engine and zygote are leaves: they import no project module
-(tests/test_imports.py checks it); zygote.py runs alone, in the sandbox, and sandbox_pool.py imports only it.
-checkpoint.py reads config.py and engine.require, evalcache.py the modules whose source is part of its key,
-warmstart.py runs sft.py, and policy.py calls grpo.py's freezing and LoRA before it shards.
+  zygote.py      the zygote's program: its entry, its start and its loop      sandbox_pool.Pool, as a process
+  zygote_*.py    its rooms: containment, framing, runs, sessions, ... (zygote.py lists them)  zygote.py
+packing, precision, mismatch, lcb, mathverify, engine and zygote_frame are leaves: they import no project module
+(tests/test_imports.py checks it). The zygote's program, zygote*.py, imports nothing of the project but itself
+(it runs alone, in the sandbox), and sandbox_pool.py only that program. checkpoint.py reads config.py and
+engine.require, evalcache.py the modules whose source is part of its key, warmstart.py runs sft.py, and policy.py
+calls grpo.py's freezing and LoRA before it shards.
 """

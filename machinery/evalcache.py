@@ -73,8 +73,10 @@ def key(args, model_path: str, templates: dict | None = None) -> str | None:
     fields["templates"] = templates  # the wording --prompt-template loaded, not its path
     h.update(json.dumps(fields, sort_keys=True).encode())
     with_saar = (saar,) if saar_on else ()  # an ablation of SAAR (its code or its settings) keeps the entry
-    for mod in (engine, reward, lcb, mathverify, rollout, sandbox, sandbox_pool, zygote, tools, models, problems,
-                synth) + with_saar:
+    # the sandbox's program is zygote.py and every machinery/zygote_*.py it imports: an edit to any of them counts
+    program = tuple(m for n, m in sorted(sys.modules.items()) if n.startswith("machinery.zygote_"))
+    for mod in (engine, reward, lcb, mathverify, rollout, sandbox, sandbox_pool, zygote, *program, tools, models,
+                problems, synth) + with_saar:
         h.update(inspect.getsource(mod).encode())
     h.update(inspect.getsource(heldout.held_out).encode())
     h.update(" ".join(metadata.version(d) for d in ("torch", "transformers")).encode())

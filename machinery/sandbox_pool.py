@@ -2,7 +2,7 @@
 
 sandbox.py says what a call returns; this file picks the zygote a call takes, (re)starts zygotes (bwrap's
 command, the clean environment, where a zygote sees its files), sends each request and reads its answer. It runs
-in the trainer only, never in a zygote: it is apart from the zygote's program (machinery/zygote.py) so that the
+in the trainer only, never in a zygote: it is apart from the zygote's program (machinery/zygote*.py) so that the
 program stays what a zygote runs and nothing more. It uses the program's framing, process-tree, containment and
 scratch helpers (the same code on both sides of the pipe); the program never imports this file.
 """
@@ -20,37 +20,42 @@ import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from machinery.zygote_contain import PROGRAM, PROGRAM_FILES, _remove_ipc, _zygote_needs
 # what a result carries (sandbox.py's, from here: the pool is sandbox.py's one way into machinery/)
-from machinery.zygote import FRAME_LINES_MAX, MAX_FRAMES, NAME_MAX, TEXT_MAX  # noqa: F401
-from machinery.zygote import THIS_FILE, _kill_tree, _read_frame, _remove_ipc, _rmtree, _write_frame, _zygote_needs
+from machinery.zygote_exec import FRAME_LINES_MAX, MAX_FRAMES, NAME_MAX, TEXT_MAX  # noqa: F401
+from machinery.zygote_frame import _read_frame, _write_frame
+from machinery.zygote_scratch import _rmtree
+from machinery.zygote_tree import _kill_tree
 
 UIDS_PER_SANDBOX = 10_000  # one uid per slot, the rest recycled for sessions
 WATCHDOG_GRACE_S = 30.0  # a zygote that misses timeout + this is hung (it never should be)
-PLACED = "/run/sandbox"  # where a zygote sees its interpreter's venv and zygote.py when they sit in a hidden folder
+PLACED = "/run/sandbox"  # where a zygote sees its interpreter's venv and its program when they sit in a hidden folder
 START_TIMEOUT_S = 180.0  # a zygote imports numpy + sympy; slow on a loaded 2-core machine
 
 
 def _placed(hide: list) -> dict:
-    """Where the zygote sees what it needs from a hidden folder (a venv in the checkout, its program zygote.py): in
-    a folder of its own (PLACED), so that nothing it holds (its argv, sys.prefix, a module's path, the
-    libraries in /proc/self/maps) names the checkout. Host path -> the zygote's path."""
+    """Where the zygote sees what it needs from a hidden folder (a venv in the checkout, its program): in a
+    folder of its own (PLACED), so that nothing it holds (its argv, sys.prefix, a module's path, the
+    libraries in /proc/self/maps) names the checkout. The program's files go to PLACED/machinery/, a package
+    as in the checkout (zygote.py imports the others as machinery.zygote_*). Host path -> the zygote's path."""
     inside = lambda p: any(p == h or p.startswith(h + "/") for h in hide)  # noqa: E731
     if not os.path.isdir("/run") or os.path.islink("/run"):  # PLACED lives in the private /run
         return {}
     moved = {}
     if sys.prefix != sys.base_prefix and inside(os.path.realpath(sys.prefix)):
         moved[os.path.realpath(sys.prefix)] = PLACED + "/venv"
-    if inside(os.path.realpath(THIS_FILE)):
-        moved[os.path.realpath(THIS_FILE)] = PLACED + "/zygote.py"
+    for path in PROGRAM_FILES:
+        if inside(os.path.realpath(path)):
+            moved[os.path.realpath(path)] = PLACED + "/machinery/" + os.path.basename(path)
     return moved
 
 
 def _zygote_command(moved: dict) -> tuple:
-    """The interpreter and the zygote's program (zygote.py) as the zygote sees them (_placed)."""
+    """The interpreter and the program's entry (zygote.py) as the zygote sees them (_placed)."""
     exe, prefix = sys.executable, os.path.realpath(sys.prefix)
     if prefix in moved and exe.startswith(sys.prefix.rstrip("/") + "/"):
         exe = moved[prefix] + exe[len(sys.prefix.rstrip("/")):]
-    return exe, moved.get(os.path.realpath(THIS_FILE), THIS_FILE)
+    return exe, moved.get(os.path.realpath(PROGRAM), PROGRAM)
 
 
 @dataclass
@@ -187,7 +192,7 @@ class Pool:
     def _spawn(self, w: _Worker) -> None:
         # Under bwrap the zygote starts where it sees its files (_placed); the fallback's zygote starts from the
         # host's paths and runs itself again from there once its mount namespace is made (_enter_placed).
-        exe, path = _zygote_command(self._moved) if self._bwrap else (sys.executable, THIS_FILE)
+        exe, path = _zygote_command(self._moved) if self._bwrap else (sys.executable, PROGRAM)
         argv = (self._bwrap or []) + [exe, "-I", "-B", path, "--zygote"]
         w.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self._env, bufsize=0,
                                   cwd="/" if self._bwrap else self._root, start_new_session=True, close_fds=True)
@@ -290,12 +295,14 @@ def _bwrap_argv(scratch_mb: int, hide: list = (), moved: dict | None = None) -> 
     # Python may live below a directory an unprivileged uid cannot enter (pyenv in /root): hide the
     # rest of that directory behind an empty tmpfs and re-expose the interpreter read-only.
     # The hidden folders become empty; what the zygote needs below them (a venv in the checkout, its program:
-    # the zygote runs `python -I zygote.py`, which imports nothing else of the project) is bound back.
+    # the zygote runs `python -I machinery/zygote.py`, which imports nothing of the project but the
+    # machinery/zygote*.py beside it, PROGRAM_FILES) is bound back.
     for path in hide:
         argv += ["--tmpfs", path]
     moved = moved or {}
-    if moved:  # at their place (_placed), inside the private /run; its folder open to the slot uids
-        argv += ["--perms", "0755", "--dir", PLACED]
+    if moved:  # at their place (_placed), inside the private /run; its folders open to the slot uids
+        for folder in sorted({PLACED} | {os.path.dirname(p) for p in moved.values()}):  # PLACED/machinery too
+            argv += ["--perms", "0755", "--dir", folder]
     for path, placed in sorted(moved.items()):
         argv += ["--ro-bind", path, placed]
     needed = _zygote_needs()

@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("data", "machinery")
 # import no project module: the standard library and third-party packages only
 LEAVES = ("saar", "config", "machinery.packing", "machinery.precision", "machinery.mismatch", "machinery.engine",
-          "machinery.zygote", "machinery.lcb",
+          "machinery.zygote_frame", "machinery.lcb",
           "machinery.mathverify")
 
 
