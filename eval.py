@@ -384,7 +384,7 @@ def step0_key(args: config.Train, model_path: str, templates: dict | None = None
     import sft
     import tools
     from data import models, problems, synth
-    from machinery import engine, engines, evalcache, hf_engine, lcb, mathverify, sglang_engine, zygote
+    from machinery import engine, engines, evalcache, hf_engine, lcb, mathverify, sandbox_pool, sglang_engine
     folder = Path(models.resolve(model_path))  # an offline model's name: its built folder
     if not folder.is_dir():
         return None
@@ -393,10 +393,11 @@ def step0_key(args: config.Train, model_path: str, templates: dict | None = None
     fields = {f.name: getattr(s, f.name) for s in config.sections(args) if isinstance(s, reads)
               for f in dataclasses.fields(s) if f.metadata.get("in_eval", True)}
     fields["templates"] = templates  # the wording --prompt-template loaded, not its path
-    code = (engine, hf_engine, sglang_engine, engines, reward, lcb, mathverify, rollout, sandbox, zygote, tools,
+    code = (engine, hf_engine, sglang_engine, engines, reward, lcb, mathverify, rollout, sandbox, sandbox_pool, tools,
             models, problems, synth) + ((saar,) if saar_on else ())
-    return evalcache.key(folder, fields, [inspect.getsource(m) for m in code] + [inspect.getsource(held_out)],
-                         skip=(sft.MARKER,))
+    program = sorted(Path(engine.__file__).parent.glob("zygote*.py"))  # the sandbox's program: an edit to any counts
+    return evalcache.key(folder, fields, [inspect.getsource(m) for m in code] + [p.read_text() for p in program]
+                         + [inspect.getsource(held_out)], skip=(sft.MARKER,))
 
 
 def format_eval(m: dict) -> str:

@@ -13,7 +13,8 @@ This file reads top down: this docstring (what a call returns, what each layer s
 covered), what a call returns (ExecResult), the API (Sandbox, Session) and the containment policy
 (what is hidden, which syscalls are refused). How code runs, in a pool of zygotes that fork a ready
 child per call and a holder process per session (the checkpoint a failed cell rolls back to), is
-machinery/zygote.py, the zygote's whole program; its docstring says what runs where.
+machinery/: sandbox_pool.py, the trainer's side (the pool), and zygote.py with its rooms zygote_*.py, the zygote's
+whole program; zygote.py's docstring says what runs where and which file holds what.
 
 What a call returns
 - An ExecResult: facts, not text. The kind (ERROR_KINDS), the streams (head and tail), the exception's
@@ -38,12 +39,13 @@ What is covered (layers used when available; `Sandbox.layers` lists the active o
   and only the interpreter's own directories are re-exposed, read-only. So are the folders the code
   must not read (`_hidden`: this checkout with its graders, tests and run folders, the problem sets
   beside it, the caches, the caller's `hide=`, and the host's top-level folders but the system's). What the
-  zygote needs from them, a venv and zygote.py, is bound at /run/sandbox (`zygote._placed`) and run from there, so
+  zygote needs from them, a venv and its program (machinery/zygote*.py), is bound at /run/sandbox
+  (`sandbox_pool._placed`) and run from there, so
   that no path the code can find (argv, sys.path, the environment, /proc/self/maps) names the checkout.
 - netns / mountns: without bwrap, root unshares a network namespace (no interfaces up) and a mount
   namespace in which /tmp (scratch_mb, holding the scratch dirs), /var/tmp, /run and /var/crash are
   root-owned tmpfs and /dev/shm a 64 MB tmpfs wiped after every execution; the folders of `_hidden` are
-  empty there too, and what the zygote needs below any of them (the interpreter, a venv, zygote.py) is
+  empty there too, and what the zygote needs below any of them (the interpreter, a venv, its program) is
   bound back read-only, as under bwrap; then the zygote runs itself again from /run/sandbox (`zygote._enter_placed`).
 - hidepid: with bwrap or mountns, /proc is a new instance with hidepid=invisible: the code sees only
   the processes of its own uid (its own run or session), not the trainer's, the zygote's or another
@@ -106,8 +108,8 @@ import weakref
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from machinery import zygote
-from machinery.zygote import FRAME_LINES_MAX, MAX_FRAMES, NAME_MAX, TEXT_MAX  # noqa: F401  (what a result carries)
+from machinery import sandbox_pool
+from machinery.sandbox_pool import FRAME_LINES_MAX, MAX_FRAMES, NAME_MAX, TEXT_MAX  # noqa: F401  (a result's bounds)
 
 ERROR_KINDS = ("none", "exception", "syntax", "timeout", "memory", "output_limit", "crash", "sandbox_internal")
 # Why a session cell's result says the session's state was lost (ExecResult.state_lost): its process had died
@@ -201,8 +203,8 @@ class Sandbox:
         self.scratch_mb = int(scratch_mb)
         limits = {"memory_mb": self.memory_mb, "keep": self.max_output_bytes, "flood": self.flood_bytes,
                   "fsize": self.scratch_mb << 20}
-        self._pool = zygote.Pool(self.slots, limits, use_bwrap, use_netns, use_uid, max_threads, _hidden(hide),
-                                 _REFUSED_SYSCALLS)
+        self._pool = sandbox_pool.Pool(self.slots, limits, use_bwrap, use_netns, use_uid, max_threads,
+                                       _hidden(hide), _REFUSED_SYSCALLS)
         self.layers = list(self._pool.layers)
         if "bwrap" not in self.layers and "hidepid" not in self.layers:
             print("sandbox: without bwrap, and without root for a mount namespace, the code can read other processes'"
@@ -260,7 +262,8 @@ class Session:
         self._opened = [False]  # shared with the finalizer: does the zygote hold processes for us?
         self.closed = False
         # A session dropped without close() is closed at the next use of its worker (never from GC itself).
-        self._finalizer = weakref.finalize(self, zygote.end_session, sb._pool, worker, sid, uid, self._opened, True)
+        self._finalizer = weakref.finalize(self, sandbox_pool.end_session, sb._pool, worker, sid, uid, self._opened,
+                                           True)
 
     def run(self, code: str, *, timeout_s: float | None = None, stdin: str | None = None) -> ExecResult:
         if self.closed:
@@ -281,7 +284,7 @@ class Session:
             return
         self.closed = True
         self._finalizer.detach()
-        zygote.end_session(self._sb._pool, self._worker, self.sid, self._uid, self._opened, False)
+        sandbox_pool.end_session(self._sb._pool, self._worker, self.sid, self._uid, self._opened, False)
 
     def __enter__(self):
         return self

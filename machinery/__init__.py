@@ -1,22 +1,7 @@
 """machinery: what makes the root scripts fast or safe, not what they compute. Read the root first.
 
-Each module is called from a named place in the root, so a reader of the algorithm can skip it:
-  packing.py     the update's packed micro-batches and their log-probs       grpo.update, sft.py
-  precision.py   dtypes, autocast, the fp16 loss scaler, the non-finite guard grpo.update, train.py
-  mismatch.py    the engine/trainer log-prob gap, veRL's rollout correction   train.py
-  lcb.py         code answers run against their tests, judged outside         reward.grade_code
-  mathverify.py  math-verify in worker processes, behind a timeout            reward.math_equal
-  policy.py      the policy placed: FSDP2 over ranks, its engine, reference  train.setup
-  checkpoint.py  the run folder: run.json, checkpoints, metrics, HF export    train.py
-  evalcache.py   the step-0 evaluation, reused across runs                    train.py
-  warmstart.py   the cold start (sft.py), trained once and reused             train.py, bench/rollout.py
-  engine.py      the engines' interface: SamplingParams, GenOutput            rollout.py, the engines
-  hf_engine.py   the HF engine: its own decoder loop, CPU or any device       engines.build_engine
-  sglang_engine.py SGLang's engine; its temp folder, /dev/shm cleanup         engines.build_engine
-  engines.py     build_engine, require: the one place an engine is made       train.py, eval.py, sft.py
-  zygote.py      the sandbox's pool and zygotes (the zygote's whole program)  sandbox.Sandbox
-packing, precision, mismatch, lcb, mathverify, engine and zygote are leaves: they import no project module
-(tests/test_imports.py checks it); hf_engine and sglang_engine import only engine, engines only those two.
-checkpoint.py reads config.py and engines.require, evalcache.py the modules whose source is part of its key,
-warmstart.py runs sft.py, and policy.py calls grpo.py's freezing and LoRA before it shards.
+A floor of leaves: nothing here imports the root or data/ (what a module must hash, load or call is handed in by
+its caller), and the sandbox's program (zygote*.py) imports only itself, since a zygote runs it alone;
+tests/test_imports.py checks both. docs/architecture.md lists each module, what it holds and the one place in the
+root that calls it, so that a reader of the algorithm can skip it.
 """

@@ -432,7 +432,8 @@ def test_the_fallback_runs_with_the_checkout_and_the_venv_under_tmp(tmp_path):
     repo = Path(__file__).resolve().parents[1]
     shutil.copy(repo / "sandbox.py", checkout / "sandbox.py")
     (checkout / "machinery").mkdir()
-    for name in ("__init__.py", "zygote.py"):  # the sandbox is these files: sandbox.py and its machinery
+    machinery = ["__init__.py", "sandbox_pool.py"] + [p.name for p in (repo / "machinery").glob("zygote*.py")]
+    for name in machinery:  # the sandbox is these files: sandbox.py and its machinery
         if (repo / "machinery" / name).exists():
             shutil.copy(repo / "machinery" / name, checkout / "machinery" / name)
     (checkout / "reward.py").write_text("ANSWER = 42\n")
