@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("data", "machinery")
 # import no project module: the standard library and third-party packages only
 LEAVES = ("saar", "config", "machinery.precision", "machinery.mismatch", "machinery.engine",
-          "machinery.zygote_frame", "machinery.lcb",
+          "machinery.zygote_frame", "machinery.lcb_wire",
           "machinery.mathverify")
 
 
