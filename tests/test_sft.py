@@ -261,7 +261,7 @@ def test_eval_rolls_out_and_counts_calls_and_answers(fmt):
 
 def test_the_warm_start_keys_on_its_conversations_not_on_source(tmp_path):
     """The warm start's cache key covers what it trains on: in a copy of the checkout, rewording the math prompt
-    (rollout.py) or the traceback the model reads (tools.py) gives another key, so warm_start trains a new model;
+    (data/prompts.py) or the traceback the model reads (tools.py) gives another key, so warm_start trains a new model;
     editing the algorithm (saar.py, grpo.py), which writes no conversation, keeps the key and the cached model."""
     import shutil
     import subprocess
@@ -285,7 +285,7 @@ def test_the_warm_start_keys_on_its_conversations_not_on_source(tmp_path):
     edit("saar.py", "return difflib.SequenceMatcher(None, old, new).ratio()", "return 0.0")
     edit("grpo.py", "pg = torch.maximum(pg1, pg2)", "pg = pg1")
     assert key() == first  # an ablation of the algorithm reuses the cold start
-    edit("rollout.py", "Solve the following math problem step by step.", "Solve this math problem carefully.")
+    edit("data/prompts.py", "Solve the following math problem step by step.", "Solve this math problem carefully.")
     second = key()
     assert second != first
     assert any("Traceback (most recent call last):" in m["content"] for c in
