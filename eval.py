@@ -137,7 +137,7 @@ def generate(args: config.Eval, problems: list[Problem]) -> list[dict]:
                     return grade_record(rec, p, judge, b.code_timeout_s, b.lcb_grader)
                 _, recs = loop.run_until_complete(rollout.rollout_and_grade(
                     eng, sb, tok, mine, cfg, args.saar if use_saar else None, grade=graded, n=n,
-                    seeds=[seed * 1_000_003 + k for k in range(len(mine) * n)],
+                    seeds=[rollout.seed_of(seed, k) for k in range(len(mine) * n)],
                     metas=[dict(sample_idx=i) for _ in mine for i in range(n)], templates=templates,
                     grade_workers=b.grade_workers, progress=True))
                 records += recs

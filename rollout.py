@@ -1,12 +1,12 @@
 """Multi-turn tool-calling rollouts, token-in token-out (the paper's agentic RL setting, Sec. 2).
 
-A trajectory is one growing list of token ids. The model's tokens are appended exactly as sampled
-(loss mask 1, with the engine's log-probs); tool responses and turn scaffolding are tokenized once,
-on their own, and appended with loss mask 0. The conversation is never re-templated. Each trajectory
-is an asyncio task, so the sandbox runs one trajectory's code while the engine generates for others. A
-trajectory's tool environment (ToolEnv) generates its turns, runs its calls with the tools of tools.py and
-builds the tool turns; SAAR (saar.py) works through it. `rollout_and_grade` rolls out and grades n samples
-of each problem, for train.py, eval.py and sft.py's check. Settings: a config.Rollout (and config.Saar).
+A trajectory is one growing list of token ids. The model's tokens are appended exactly as sampled (loss mask 1,
+with the engine's log-probs); tool responses and turn scaffolding are tokenized once, on their own, and appended
+with loss mask 0. The conversation is never re-templated. Each trajectory is an asyncio task, so the sandbox runs
+one trajectory's code while the engine generates for others. A trajectory's tool environment (ToolEnv) generates
+its turns, runs its calls with the tools of tools.py and builds the tool turns; SAAR (saar.py) works through it.
+`rollout_and_grade` rolls out and grades n samples of each problem, for train.py, eval.py and sft.py's check.
+Settings: a config.Rollout (and config.Saar). Sampling seeds are mixed from their parts by `seed_of`.
 
 Tool-call formats (`tool_format`); a call names one of the offered tools (tools.TOOLS):
   hermes    Qwen3 and the paper: <tool_call>{"name": "code_interpreter", "arguments": {"code": ...}}</tool_call>,
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import random
 import re
@@ -42,6 +43,12 @@ from data import models
 from data.prompts import NO_TOOL_PROMPTS, PROMPTS, load_prompt_template  # noqa: F401  (rollout.load_prompt_template)
 from machinery.engine import SamplingParams
 from saar import SaarState, retry_failed_call
+
+
+def seed_of(*parts: int) -> int:
+    """A sampling seed mixed from its parts (run seed, step, group, sample; a trajectory's turn)."""
+    return functools.reduce(lambda s, p: s * 1_000_003 + p, parts)
+
 
 def truncate_middle(text: str, limit: int = 256) -> str:
     """Cut a tool output to `limit` characters, keeping head and tail (the paper's 256, middle side)."""
@@ -250,9 +257,6 @@ class Trajectory:
             i -= 1
         return tokenizer.decode(self.response_ids[i:], skip_special_tokens=True)
 
-    def to_json(self) -> dict:
-        return {k: v for k, v in self.__dict__.items()}
-
 
 # --------------------------------------------------------------------------- the loop
 
@@ -277,7 +281,7 @@ class ToolEnv:
 
     async def generate(self, full_ids: list[int]):
         # per-trajectory seeds: what a trajectory samples can't depend on what else is in flight
-        seed = None if self.seed is None else (self.seed * 1_000_003 + self.n_gen) % (2**63)
+        seed = None if self.seed is None else seed_of(self.seed, self.n_gen) % (2**63)
         self.n_gen += 1
         left = self.left(full_ids)
         cap = min(left, self.cfg.max_turn_tokens) if self.cfg.max_turn_tokens else left
@@ -384,16 +388,14 @@ async def rollout_one(engine, sandbox, tokenizer, prompt: list[int], cfg: config
             out = await env.generate(traj.prompt_ids + traj.response_ids)
             start = len(traj.response_ids)
             traj.extend(out.token_ids, mask=1, logprobs=out.logprobs)
-            done = await handle_turn(start, out.finish_reason)
-            if done is not None:
+            if (done := await handle_turn(start, out.finish_reason)) is not None:
                 finish = done
                 break
     finally:
         env.close()
-    traj.finish_reason = finish
+    traj.finish_reason, traj.tool_use = finish, env.by_tool
     traj.num_tool_calls, traj.num_tool_errors = env.calls, env.errors
     traj.num_first_calls, traj.num_first_errors = env.first_calls, env.first_errors
-    traj.tool_use = env.by_tool
     readable(traj, tokenizer)
     return traj
 
@@ -453,10 +455,8 @@ async def rollout_batch(engine, sandbox, tokenizer, prompts: list[list[int]], cf
                         saar: config.Saar | None = None, *, seeds: list[int | None] | None = None,
                         metas: list[dict] | None = None, progress: bool = False) -> list[Trajectory]:
     """Roll out all prompts concurrently (one asyncio task each); results keep the input order."""
-    seeds = seeds or [None] * len(prompts)
-    metas = metas or [{}] * len(prompts)
-    tasks = [asyncio.ensure_future(rollout_one(engine, sandbox, tokenizer, p, cfg, saar, seed=s, meta=m))
-             for p, s, m in zip(prompts, seeds, metas)]
+    tasks = [asyncio.ensure_future(rollout_one(engine, sandbox, tokenizer, p, cfg, saar, seed=s, meta=m)) for p, s, m
+             in zip(prompts, seeds or [None] * len(prompts), metas or [{}] * len(prompts))]
     if getattr(engine, "lockstep", False):  # HFEngine(lockstep=True): it decodes while all of them wait on it
         engine.track(tasks)
     if progress:

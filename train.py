@@ -286,8 +286,7 @@ def sample_groups(s: Setup, step: int, data_pos: int, t: dict):
         here = [data_pos + k for k in mine]  # data position: one round = prompts_per_step groups
         data_pos += g.prompts_per_step
         problems_r = [s.train_set[s.order[k % len(s.order)]] for k in here]
-        seeds = [((args.common.seed * 1_000_003 + step) * 1_000_003 + k) * 1_000_003 + j for k in here
-                 for j in range(n)]
+        seeds = [rollout.seed_of(args.common.seed, step, k, j) for k in here for j in range(n)]
         metas = [dict(problem_id=p.id, group=k, sample=j) for k, p in zip(here, problems_r) for j in range(n)]
         trajs_r, correct_r = s.loop.run_until_complete(rollout.rollout_and_grade(
             s.eng, s.sandbox, s.tokenizer, problems_r, s.cfg, saar, grade=s.grade,

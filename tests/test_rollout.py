@@ -61,7 +61,7 @@ def test_smollm2_rollout_on_real_problems_writes_jsonl(sb, shared_data, tmp_path
     path = tmp_path / "rollouts.jsonl"
     with open(path, "w") as f:
         for tr in trajs:
-            f.write(json.dumps(tr.to_json()) + "\n")
+            f.write(json.dumps(vars(tr)) + "\n")
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert [r["meta"]["id"] for r in rows] == [p.id for p in probs]
     for r in rows:
