@@ -492,7 +492,13 @@ def warm_start(model_name: str, *, tool_format: str = "markdown", seed: int = 0,
     def build(tmp: Path):
         print(f"[sft] warm start: no cached model for {model_name} ({tool_format}, seed {seed}, n {n}); "
               f"fine-tuning once into {final}", file=sys.stderr)
-        run(sft_args(model_name, tool_format, seed, n, overrides | dict(save=str(tmp))))
+        # under torchrun each rank has its share of the cores (one thread on a CPU); the others wait for this one
+        threads = torch.get_num_threads()
+        try:
+            run(sft_args(model_name, tool_format, seed, n, overrides | dict(
+                save=str(tmp), threads=threads * int(os.environ.get("LOCAL_WORLD_SIZE", 1)))))
+        finally:
+            torch.set_num_threads(threads)
     return str(built_once(final, build, _warm_start_complete))
 
 

@@ -171,7 +171,7 @@ def processes(has: str, under: int | None = None) -> list:
 def cleaner(paper):
     """The main run, from an empty cache: one rank SIGKILLed mid-step 2, after step 1's checkpoint; then the job
     again with --resume, to the end."""
-    flags = [*SHRINK, *paper["place"], "--samples-per-prompt", "8"]  # more chances for a call to fail and be fixed
+    flags = [*SHRINK, *paper["place"]]  # the hermes cold start fails about 9 calls in 10 here: SAAR has work at 4 samples
     run = paper["out"] / "qwen3-4b-cleaner"
     proc = subprocess.Popen(["bash", "scripts/qwen3_4b_cleaner.sh", *flags], cwd=ROOT,
                             env={**paper["env"], "NPROC": "2"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -202,11 +202,19 @@ def test_packing_and_training_reduce_the_loss():
     assert all(p.requires_grad for p in model.parameters())  # unfrozen again for whoever uses the model next
 
 
-def test_warm_start_trains_once_saves_a_loadable_model_and_reuses_it(tmp_path):
+def test_warm_start_trains_once_saves_a_loadable_model_and_reuses_it(tmp_path, monkeypatch):
     kw = dict(tool_format="markdown", seed=0, n=1, cache=tmp_path, micro_tokens=1024, train_layers=0)
-    path = sft.warm_start("tiny-bytes", **kw)
+    # as a torchrun rank on a CPU (one thread of two ranks'): the rank that trains it takes the waiting rank's thread
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        path = sft.warm_start("tiny-bytes", **kw)
+        assert torch.get_num_threads() == 1  # and gives it back
+    finally:
+        torch.set_num_threads(threads)
     marker = json.loads((Path(path) / sft.MARKER).read_text())
-    assert marker["base_model"] == "tiny-bytes" and marker["conversations"] == 1
+    assert marker["base_model"] == "tiny-bytes" and marker["conversations"] == 1 and marker["args"]["threads"] == 2
     model, tok = load_model(path), load_tokenizer(path)
     base = load_model("tiny-bytes")
     assert tok.eos_token == "<|im_end|>"
