@@ -142,15 +142,14 @@ def collect(run: str, dest: str, arm: str, seed: int, argv: list[str]) -> dict:
         return out
 
     start, end = records(0), records(last)
+    with open(os.path.join(run, "summary.json")) as f:
+        done = json.load(f)  # the run's own figures (eval.summary): accuracy and tool errors at both ends, each kind
     heldout = {}
     for kind in KINDS:
-        if kind in start and kind in end:
+        if kind in done and kind in start and kind in end:
             a, b = (sorted(x[kind], key=lambda r: r["id"]) for x in (start, end))
-            heldout[kind] = dict(
-                acc_start=statistics.mean(r["ok"] for r in a), acc_end=statistics.mean(r["ok"] for r in b),
-                tool_err_start=sum(r["errors"] for r in a) / max(1, sum(r["calls"] for r in a)),
-                tool_err_end=sum(r["errors"] for r in b) / max(1, sum(r["calls"] for r in b)),
-                tool_calls_end=statistics.mean(r["calls"] for r in b), n=len(b),
+            own = ("acc_start", "acc_end", "tool_err_start", "tool_err_end", "n")
+            heldout[kind] = {k: done[kind][k] for k in own} | dict(tool_calls_end=statistics.mean(r["calls"] for r in b),
                 ok_start="".join("01"[r["ok"]] for r in a), ok_end="".join("01"[r["ok"]] for r in b))
     step0 = json.dumps([[r["id"], r["ok"], r["calls"], r["errors"]] for k in sorted(start) for r in start[k]])
     with open(os.path.join(run, "train.log")) as f:
@@ -164,7 +163,7 @@ def collect(run: str, dest: str, arm: str, seed: int, argv: list[str]) -> dict:
                         masked_failed=sum(r.get("masked_failed", 0) for r in steps),
                         saar_events={k: sum(r.get(f"saar_{k}", 0) for r in steps)
                                      for k in ("shallow", "deep", "given_up", "answered")}),
-             lines=json.load(open(os.path.join(run, "summary.json"))).get("lines", []), wall_s=wall)
+             lines=done.get("lines", []), wall_s=wall)
     tmp = dest + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)

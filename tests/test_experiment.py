@@ -110,3 +110,37 @@ def test_statistics_equal_a_hand_computation():
         in "\n".join(rows)
     assert any(r.startswith("not paired: b, seed 3") for r in rows)
     assert "| a | 4 | +1.0 +1.0 +1.0 +1.0 | +1.0 |" in "\n".join(experiment.internalization(design, runs))
+
+
+def test_a_summary_holds_the_runs_own_figures(tmp_path):
+    """collect on a run folder written by hand, its summary.json by eval.summary as train.py writes it: accuracy and
+    first-attempt tool errors per call at both ends, the calls, the training thirds, as computed here."""
+    import eval as heldout
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"commit": "abc", "cold_start": "c0"}))
+    (run / "git.diff").write_text("")
+    (run / "train.log").write_text("done: out/run in 12 s\n")
+    rewards = [-1.0, -0.5, 0.0, 0.5, 1.0, 1.0]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(dict(
+        step=k + 1, reward=r, first_tool_err=0.1 * k, tool_calls=1.0 + k, resp_len=100 + k)) + "\n"
+        for k, r in enumerate(rewards)))
+    recs = {0: {"eval_greedy": [(1, 2, 1), (0, 1, 1), (0, 0, 0), (1, 1, 0)],  # (ok, calls, errors) by problem id
+                "eval_greedy_saar": [(1, 2, 0), (0, 1, 0), (0, 0, 0), (0, 1, 1)]},
+            6: {"eval_greedy": [(1, 1, 0), (1, 1, 0), (1, 2, 1), (0, 0, 0)],
+                "eval_greedy_saar": [(1, 1, 0), (1, 1, 0), (0, 3, 0), (0, 0, 0)]}}
+    for step, kinds in recs.items():
+        (run / f"eval_step{step:06d}.jsonl").write_text("".join(
+            json.dumps(dict(eval=kind, id=f"p{i}", ok=ok, calls=c, errors=e)) + "\n"
+            for kind, rows in kinds.items() for i, (ok, c, e) in enumerate(rows)))
+    heldout.summary(str(run), 6)
+    s = experiment.collect(str(run), str(tmp_path / "dest"), "saar", 3, ["--x"])
+    g, on = s["heldout"]["eval_greedy"], s["heldout"]["eval_greedy_saar"]
+    assert (g["acc_start"], g["acc_end"], on["acc_start"], on["acc_end"]) == (0.5, 0.75, 0.25, 0.5)
+    assert (g["tool_err_start"], g["tool_err_end"], on["tool_err_start"], on["tool_err_end"]) == (2 / 4, 1 / 4, 1 / 4, 0)
+    assert (g["ok_start"], g["ok_end"], g["tool_calls_end"], g["n"]) == ("1001", "1110", 1.0, 4)
+    t = s["train"]
+    assert t["reward_first_third"] == -0.75 and t["reward_last_third"] == 1.0 and t["tool_calls_last_third"] == 5.5
+    assert t["first_tool_err_last_third"] == pytest.approx(0.45) and t["resp_len_last_third"] == 104.5
+    assert (s["commit"], s["cold_start"], s["wall_s"], s["steps"]) == ("abc", "c0", 12.0, 6)
+    assert json.loads((tmp_path / "dest" / "summary.json").read_text()) == s
