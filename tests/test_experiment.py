@@ -144,3 +144,11 @@ def test_a_summary_holds_the_runs_own_figures(tmp_path):
     assert t["first_tool_err_last_third"] == pytest.approx(0.45) and t["resp_len_last_third"] == 104.5
     assert (s["commit"], s["cold_start"], s["wall_s"], s["steps"]) == ("abc", "c0", 12.0, 6)
     assert json.loads((tmp_path / "dest" / "summary.json").read_text()) == s
+
+
+def test_git_keeps_an_experiments_runs():
+    """An experiment's runs/ is committed: no .gitignore pattern may hide it (an unanchored `runs/` once did)."""
+    r = subprocess.run(["git", "check-ignore", "-q", "--no-index", "docs/experiments/x/runs/a-s0/summary.json"], cwd=ROOT)
+    if r.returncode == 128:
+        pytest.skip("not a git checkout")
+    assert r.returncode == 1, "git ignores docs/experiments/*/runs/ (see .gitignore)"
