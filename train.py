@@ -231,6 +231,8 @@ def resume(s: Setup) -> tuple[int, int]:
     if not s.args.run.resume:
         return 0, 0
     start_step, data_pos = checkpoint.load(s.ckpt_path, s.policy, s.optimizer, s.scheduler, s.scaler)
+    s.eng.release_memory()  # the engine was built on the cold start's weights: it samples the next step from these,
+    push_weights(s)  # pushed as after an update (which releases the engine's memory first)
     s.log(f"resumed {s.out} at step {start_step}")
     if data_pos is None:  # an older checkpoint
         data_pos = start_step * s.args.grpo.prompts_per_step

@@ -50,8 +50,10 @@ def test_overlong_penalty_ramp():
 
 
 def test_kill_mid_step_then_resume_is_bit_identical(tmp_path):
-    ref = start(tmp_path, "ref", "--steps", "2")
-    killed = start(tmp_path, "cut", "--steps", "2")
+    # the tiny random model earns no reward, so its advantages are 0: a large weight decay is what moves its weights
+    moved = ["--steps", "2", "--weight-decay", "30"]
+    ref = start(tmp_path, "ref", *moved)
+    killed = start(tmp_path, "cut", *moved)
     # kill the second run with SIGKILL once step 1 is checkpointed, i.e. during step 2
     ckpt = tmp_path / "cut" / "ckpt.pt"
     deadline = time.time() + 600
@@ -63,7 +65,7 @@ def test_kill_mid_step_then_resume_is_bit_identical(tmp_path):
     out_ref, _ = ref.communicate(timeout=900)
     assert ref.returncode == 0, out_ref[-3000:]
     assert torch.load(ckpt, weights_only=False)["step"] == 1  # at most the running step is lost
-    resumed = start(tmp_path, "cut", "--steps", "2", "--resume")
+    resumed = start(tmp_path, "cut", *moved, "--resume")
     out_res, _ = resumed.communicate(timeout=900)
     assert resumed.returncode == 0, out_res[-3000:]
     assert "resumed" in out_res
@@ -71,6 +73,11 @@ def test_kill_mid_step_then_resume_is_bit_identical(tmp_path):
     for key in ("reward", "acc", "resp_len", "tool_calls", "loss", "pg_loss"):
         if key in a[2]:
             assert a[2][key] == b[2][key], key
+    # the resumed step samples from the checkpoint's weights: the same rollouts, an engine that agrees with the
+    # trainer (a resumed run once sampled its first step from the cold start's weights, which the engine was built on)
+    step2 = [(tmp_path / r / "rollouts" / "step_000002.jsonl").read_text() for r in ("ref", "cut")]
+    assert step2[0] == step2[1]
+    assert b[2]["mismatch_kl"] < 1e-9 and "warning: step" not in out_res, out_res[-3000:]
     wa, wb = load_file(tmp_path / "ref" / "hf" / "model.safetensors"), load_file(tmp_path / "cut" / "hf" / "model.safetensors")
     assert wa.keys() == wb.keys()
     for k in wa:
